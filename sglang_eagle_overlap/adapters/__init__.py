@@ -1,0 +1,31 @@
+"""One thin adapter per supported SGLang band over the engine-agnostic core.
+
+``adapter_for(version)`` is the single version gate. An adapter module exposes ``ADAPTER`` with:
+
+* ``name: str``
+* ``register(registry)`` -- register every hook with SGLang's ``HookRegistry`` (no SGLang import at module level);
+* ``verify() -> list[str]`` -- after ``apply_hooks()``, the descriptions of hooks that did NOT land (empty = all ok);
+* ``activate()`` -- switch the hooks from pass-through to the plugin's behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any, Optional
+
+__all__ = ["adapter_for", "BANDS"]
+
+# sglang version -> adapter module. Only versions that are tested are listed.
+BANDS = {
+    "0.5.16": "sglang_eagle_overlap.adapters.v0_5_16",
+    "0.5.23": "sglang_eagle_overlap.adapters.v0_5_23",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def adapter_for(version: Optional[str]) -> Any:
+    module = BANDS.get(version or "")
+    if module is None:
+        return None
+    return importlib.import_module(module).ADAPTER

@@ -1,0 +1,36 @@
+"""Engine-agnostic core: imports neither SGLang nor CUDA-only code."""
+
+from sglang_eagle_overlap.core.ledger import (
+    AcceptLedger,
+    AdvanceOutcome,
+    GrammarLike,
+    LedgerConflictError,
+    LedgerGapError,
+)
+from sglang_eagle_overlap.core.mask import (
+    HostGrammar,
+    MaskRequest,
+    MaskStrategy,
+    TreeMask,
+    TreeMaskBuilder,
+    bitmask_width,
+    neutralize_timed_out_drafts,
+)
+from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
+
+__all__ = [
+    "AcceptLedger",
+    "AdvanceOutcome",
+    "GrammarLike",
+    "HostGrammar",
+    "HostTreeCopier",
+    "LedgerConflictError",
+    "LedgerGapError",
+    "MaskRequest",
+    "MaskStrategy",
+    "PendingTree",
+    "TreeMask",
+    "TreeMaskBuilder",
+    "bitmask_width",
+    "neutralize_timed_out_drafts",
+]

@@ -1,0 +1,174 @@
+"""Pending-accept ledger: advance each request's grammar matcher over its accepted tokens exactly once.
+
+Under the overlap scheduler, batch N's accepted tokens are still unprocessed when batch N+1's verify runs. Two places
+then want to feed them to the grammar: the verify of N+1 (so its tree mask starts from the right state, while the GPU
+runs the forward) and the post-processing of N (which also needs to know where the grammar terminated). The ledger
+makes the second ask free and keeps the matcher exact however the asks interleave.
+
+Keying: a request's *identity* (its id string) plus the *position* of the first token of the run, i.e. how many
+output tokens the request had before that step. Batch rows never enter the key, so requests that finished, aborted,
+were retracted or filtered out between two batches cannot shift another request's tokens.
+
+Invariants, per request key:
+
+* ``consumed`` is the output position the matcher has been advanced to (tokens before it are in the matcher).
+* ``advance(key, grammar, start, tokens)`` with ``start == consumed`` feeds the tokens, stopping after the one that
+  terminates the grammar, and records the outcome under ``start``.
+* The same call again (``start`` < ``consumed``) replays the recorded outcome and touches nothing; the tokens must be
+  the same ones, or :class:`LedgerConflictError` is raised (two callers disagreeing on what was accepted is a bug).
+* ``start > consumed`` means tokens would be skipped: :class:`LedgerGapError`.
+* A token the grammar rejects stops the run and is reported in ``AdvanceOutcome.error``; the request must be aborted
+  by the caller (its matcher state is still consistent: the rejected token was not consumed).
+
+The ledger never imports SGLang: a "grammar" is anything with ``accept_token(int)`` (raising ``ValueError`` or
+returning ``False`` on rejection) and ``is_terminated() -> bool``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, Optional, Protocol, Sequence, Tuple
+
+__all__ = [
+    "AdvanceOutcome",
+    "AcceptLedger",
+    "GrammarLike",
+    "LedgerConflictError",
+    "LedgerGapError",
+]
+
+
+class GrammarLike(Protocol):
+    def accept_token(self, token: int) -> object: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+class LedgerGapError(RuntimeError):
+    """Asked to advance from a position past what the matcher has consumed: tokens would be lost."""
+
+
+class LedgerConflictError(RuntimeError):
+    """The same (request, position) was advanced twice with different tokens."""
+
+
+@dataclass(slots=True, frozen=True)
+class AdvanceOutcome:
+    """What one run of accepted tokens did to a matcher.
+
+    ``retained`` is the prefix of the run the grammar consumed: all of it, or up to and including the token that
+    terminated the grammar, or up to (excluding) a rejected token. Tokens past ``retained`` must not be emitted.
+    """
+
+    start: int
+    tokens: Tuple[int, ...]
+    retained: Tuple[int, ...]
+    terminated: bool
+    error: Optional[str] = None
+
+
+@dataclass(slots=True)
+class _Entry:
+    consumed: int
+    history: Dict[int, AdvanceOutcome] = field(default_factory=dict)
+
+
+class AcceptLedger:
+    """Exactly-once grammar advance keyed by (request identity, output position). Not thread-safe: one scheduler."""
+
+    def __init__(self, history: int = 8) -> None:
+        if history < 1:
+            raise ValueError(f"history must be >= 1, got {history}")
+        self._history = history
+        self._entries: Dict[Hashable, _Entry] = {}
+        self.tokens_fed = 0  # observable: total tokens fed to matchers by this ledger
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def consumed(self, key: Hashable) -> Optional[int]:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.consumed
+
+    def outcome(self, key: Hashable, start: int) -> Optional[AdvanceOutcome]:
+        """The recorded outcome of the run that started at ``start``, if it was advanced (and is still remembered)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.history.get(start)
+
+    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
+        """Feed ``tokens`` (the run accepted at output position ``start``) to ``grammar`` exactly once."""
+        toks = tuple(int(t) for t in tokens)
+        entry = self._entries.get(key)
+        if entry is None:
+            # First sight of this request: its matcher has consumed exactly the tokens before ``start``.
+            entry = _Entry(consumed=start)
+            self._entries[key] = entry
+        if start < entry.consumed:
+            past = entry.history.get(start)
+            if past is None:
+                raise LedgerConflictError(
+                    f"request {key!r}: run at position {start} is behind the matcher (consumed {entry.consumed}) "
+                    "and no outcome is remembered for it"
+                )
+            if past.tokens != toks:
+                raise LedgerConflictError(
+                    f"request {key!r}: run at position {start} was advanced with {list(past.tokens)} "
+                    f"and is now asked with {list(toks)}"
+                )
+            return past
+        if start > entry.consumed:
+            raise LedgerGapError(
+                f"request {key!r}: asked to advance from position {start} but the matcher has consumed only "
+                f"{entry.consumed} tokens; tokens {entry.consumed}..{start - 1} were never fed"
+            )
+        if start in entry.history:
+            past = entry.history[start]
+            # A run that retained nothing (terminated grammar, or an empty run) does not move ``consumed``.
+            if past.tokens != toks:
+                raise LedgerConflictError(
+                    f"request {key!r}: run at position {start} was advanced with {list(past.tokens)} "
+                    f"and is now asked with {list(toks)}"
+                )
+            return past
+        outcome = _feed(grammar, start, toks)
+        self.tokens_fed += len(outcome.retained)
+        entry.consumed = start + len(outcome.retained) if outcome.retained else start
+        # A run that was cut (termination / rejection) still counts as fully delivered for the caller: the next step
+        # of a live request starts after the retained tokens, which is exactly ``consumed``.
+        entry.history[start] = outcome
+        if len(entry.history) > self._history:
+            for old in sorted(entry.history)[: len(entry.history) - self._history]:
+                del entry.history[old]
+        return outcome
+
+    def forget(self, key: Hashable) -> None:
+        """Drop a request that left the engine (finished, aborted). Safe to call for unknown keys."""
+        self._entries.pop(key, None)
+
+    def reset(self, key: Hashable, consumed: int) -> None:
+        """Re-anchor a request whose matcher was rebuilt or rolled back by the host (e.g. retokenization)."""
+        self._entries[key] = _Entry(consumed=consumed)
+
+
+def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOutcome:
+    retained = []
+    error: Optional[str] = None
+    terminated = grammar.is_terminated()
+    if not terminated:
+        for tok in toks:
+            try:
+                ok = grammar.accept_token(tok)
+            except ValueError as exc:  # SGLang's XGrammarGrammar raises on a rejected token
+                error = f"grammar rejected token {tok} at output position {start + len(retained)}: {exc}"
+                break
+            if ok is False:  # a bare xgrammar GrammarMatcher returns False instead
+                error = f"grammar rejected token {tok} at output position {start + len(retained)}"
+                break
+            retained.append(tok)
+            if grammar.is_terminated():
+                terminated = True
+                break
+    return AdvanceOutcome(start=start, tokens=toks, retained=tuple(retained), terminated=terminated, error=error)

@@ -1,0 +1,427 @@
+"""Draft-tree vocabulary mask, built natively with xgrammar.
+
+One bitmask row per draft node, for every request in the batch (``rows = batch_size * num_draft_tokens``; request
+``i`` owns rows ``[i * n, (i + 1) * n)``). Semantics are SGLang's ``traverse_tree`` exactly:
+
+* node 0 (the token the target already committed) is always valid;
+* a node is valid iff its parent is valid, its parent did not terminate the grammar, and the parent's row allows its
+  token (tokens ``< 0`` or ``>= vocab_size`` are invalid);
+* the row of a valid node whose grammar is not terminated after accepting it is the matcher's next-token bitmask;
+* every other row (invalid nodes, nodes that terminate the grammar, padding, requests without a grammar) stays
+  all-allowed (-1). xgrammar's own ``traverse_draft_tree`` zeroes rejected rows; we restore them, because a fully
+  zero row turns a row of logits into all -inf, a NaN hazard under sampling verification.
+
+Every matcher is returned to the state it had on entry.
+
+Strategies (``MaskStrategy``):
+
+* ``"lockstep"`` -- each request walks its tree in DFS order in Python (accept / rollback only, cheap), and every
+  round the pending fills of *all* requests go to one ``BatchGrammarMatcher.batch_fill_next_token_bitmask`` call,
+  which runs them on C++ threads. xgrammar's per-request ``traverse_draft_tree`` holds the GIL, so Python threads
+  cannot parallelise it; this can.
+* ``"native"`` -- per-request ``GrammarMatcher.traverse_draft_tree`` (C++ DFS, one thread), rejected rows restored.
+* ``"python"`` -- the generic walk through the host's grammar object API, used for grammars that are not xgrammar
+  (llguidance, outlines) whatever the strategy.
+* ``"auto"`` -- ``lockstep`` when more than one thread is available, else ``native``.
+
+Time limit: if the build for a request exceeds ``time_limit_s`` the request is reported in
+``TreeMask.timed_out``. Its root row is always exact (roots are filled first); its other rows are left all-allowed,
+and the caller MUST then neutralise that request's draft candidates (see :func:`neutralize_timed_out_drafts`) so
+the step accepts only the root-masked bonus token: never a wrong token, only a slower step.
+
+This module imports torch and xgrammar only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Literal, Optional, Protocol, Sequence, Tuple
+
+import torch
+
+__all__ = [
+    "MaskRequest",
+    "MaskStrategy",
+    "TreeMask",
+    "TreeMaskBuilder",
+    "HostGrammar",
+    "bitmask_width",
+    "neutralize_timed_out_drafts",
+]
+
+logger = logging.getLogger(__name__)
+
+MaskStrategy = Literal["auto", "lockstep", "native", "python"]
+
+
+class HostGrammar(Protocol):
+    """The host's grammar object API (SGLang's ``BaseGrammarObject``) used by the generic walk."""
+
+    def accept_token(self, token: int) -> Any: ...
+
+    def rollback(self, k: int) -> None: ...
+
+    def is_terminated(self) -> bool: ...
+
+    def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None: ...
+
+
+@dataclass(slots=True)
+class MaskRequest:
+    """One batch row. ``matcher`` (an ``xgrammar.GrammarMatcher``) selects the native paths; else ``grammar`` is
+    walked generically; both None means unconstrained (rows stay all-allowed, zero cost)."""
+
+    matcher: Any = None
+    grammar: Optional[HostGrammar] = None
+    request_id: str = ""
+
+
+@dataclass(slots=True)
+class TreeMask:
+    bitmask: Optional[torch.Tensor]  # int32 [rows, ceil(vocab/32)] on the CPU, or None if no row is constrained
+    timed_out: List[int] = field(default_factory=list)  # batch indices whose non-root rows were not built
+    build_s: float = 0.0
+    valid_nodes: int = 0
+
+
+def bitmask_width(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def _default_threads() -> int:
+    env = os.environ.get("SGLANG_EAGLE_OVERLAP_MASK_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class TreeMaskBuilder:
+    """Builds the per-node bitmask of a verify tree. One per worker; reuses its host bitmask buffer."""
+
+    def __init__(
+        self,
+        strategy: MaskStrategy = "auto",
+        threads: Optional[int] = None,
+        time_limit_s: Optional[float] = None,
+        pin_memory: bool = False,
+    ) -> None:
+        if strategy not in ("auto", "lockstep", "native", "python"):
+            raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
+        self.threads = threads if threads is not None else _default_threads()
+        if strategy == "auto":
+            strategy = "lockstep" if self.threads > 1 else "native"
+        self.strategy: MaskStrategy = strategy
+        self.time_limit_s = time_limit_s
+        self.pin_memory = pin_memory
+        self._batch_matcher: Any = None
+        self._buf: Optional[torch.Tensor] = None
+        self.timeouts = 0  # observable: requests that hit the time limit since creation
+
+    # -- buffers -------------------------------------------------------------------------------------------------
+    def _bitmask(self, rows: int, width: int) -> torch.Tensor:
+        buf = self._buf
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != width:
+            buf = torch.empty((max(rows, 1), width), dtype=torch.int32, pin_memory=self.pin_memory)
+            self._buf = buf
+        out = buf[:rows]
+        out.fill_(-1)
+        return out
+
+    # -- entry point ---------------------------------------------------------------------------------------------
+    def build(
+        self,
+        requests: Sequence[MaskRequest],
+        retrieve_next_token: torch.Tensor,
+        retrieve_next_sibling: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        vocab_size: int,
+        out: Optional[torch.Tensor] = None,
+    ) -> TreeMask:
+        """Fill the tree mask. Tensors are host tensors shaped ``[bs, n]`` (draft tokens may be flat ``[bs * n]``).
+
+        Call after the previous batch's accepted tokens were fed to the matchers (the ledger) and after the verify
+        tree's host copy resolved. Returns ``TreeMask(bitmask=None)`` when no request is constrained.
+        """
+        t0 = time.perf_counter()
+        bs = len(requests)
+        if retrieve_next_token.dim() != 2 or retrieve_next_token.shape[0] != bs:
+            raise ValueError(
+                f"retrieve_next_token must be [batch={bs}, nodes], got {tuple(retrieve_next_token.shape)}"
+            )
+        n = retrieve_next_token.shape[1]
+        constrained = [i for i, r in enumerate(requests) if r.matcher is not None or r.grammar is not None]
+        if not constrained:
+            return TreeMask(bitmask=None, build_s=time.perf_counter() - t0)
+        width = bitmask_width(vocab_size)
+        if out is not None:
+            if out.shape[0] < bs * n or out.shape[1] != width or out.dtype != torch.int32:
+                raise ValueError(f"out must be int32 [>= {bs * n}, {width}], got {out.dtype} {tuple(out.shape)}")
+            mask = out[: bs * n]
+            mask.fill_(-1)
+        else:
+            mask = self._bitmask(bs * n, width)
+        nxt = retrieve_next_token.tolist()
+        sib = retrieve_next_sibling.tolist()
+        tok = draft_tokens.reshape(bs, n).tolist()
+        deadline = None if self.time_limit_s is None else t0 + self.time_limit_s
+        native = [i for i in constrained if requests[i].matcher is not None]
+        generic = [i for i in constrained if requests[i].matcher is None]
+        result = TreeMask(bitmask=mask)
+        if native:
+            if self.strategy == "lockstep":
+                result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask, deadline,
+                                                     result.timed_out)
+            elif self.strategy == "native":
+                result.valid_nodes += self._native(requests, native, retrieve_next_token, retrieve_next_sibling,
+                                                   draft_tokens.reshape(bs, n), n, vocab_size, mask, deadline,
+                                                   result.timed_out)
+            else:
+                generic = generic + native
+        for i in generic:
+            req = requests[i]
+            grammar = req.grammar if req.grammar is not None else _MatcherAsGrammar(req.matcher)
+            valid, done = _python_walk(grammar, nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline)
+            result.valid_nodes += valid
+            if not done:
+                result.timed_out.append(i)
+        if result.timed_out:
+            self.timeouts += len(result.timed_out)
+            for i in result.timed_out:
+                logger.warning(
+                    "sglang-eagle-overlap: tree mask for request %s exceeded %.1f ms; this step it accepts only the "
+                    "grammar-masked bonus token", requests[i].request_id or f"row {i}", (self.time_limit_s or 0) * 1e3,
+                )
+        result.build_s = time.perf_counter() - t0
+        return result
+
+    # -- strategies ----------------------------------------------------------------------------------------------
+    def _native(self, requests, rows, nxt_t, sib_t, tok_t, n, vocab_size, mask, deadline, timed_out) -> int:
+        nxt_t = nxt_t.to(torch.int64).contiguous()
+        sib_t = sib_t.to(torch.int64).contiguous()
+        tok_t = tok_t.to(torch.int64).contiguous()
+        # Out-of-vocabulary draft tokens are invalid; xgrammar would read past the bitmask row for them.
+        oov = (tok_t < 0) | (tok_t >= vocab_size)
+        if bool(oov.any()):
+            tok_t = tok_t.masked_fill(oov, 0)
+            oov_any = oov.any(dim=1).tolist()
+        else:
+            oov_any = None
+        valid = 0
+        for i in rows:
+            matcher = requests[i].matcher
+            block = mask[i * n : (i + 1) * n]
+            if matcher.is_terminated():
+                continue
+            if oov_any is not None and oov_any[i]:
+                # Rare: fall back to the exact walk for this request.
+                v, done = _python_walk(_MatcherAsGrammar(matcher), nxt_t[i].tolist(), sib_t[i].tolist(),
+                                       tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline)
+                valid += v
+                if not done:
+                    timed_out.append(i)
+                continue
+            limit = -1.0 if deadline is None else max(deadline - time.perf_counter(), 1e-6)
+            done = matcher.traverse_draft_tree(nxt_t[i], sib_t[i], tok_t[i], block, limit)
+            # Restore SGLang's all-allowed rows where xgrammar zeroed a rejected (or terminating) node.
+            zero = (block == 0).all(dim=1)
+            if bool(zero.any()):
+                block[zero] = -1
+            valid += n - int(zero.sum())
+            if not done:
+                # Keep the exact root row, drop everything else (see module docstring).
+                block.fill_(-1)
+                matcher.fill_next_token_bitmask(block, 0)
+                timed_out.append(i)
+        return valid
+
+    def _lockstep(self, requests, rows, nxt, sib, tok, n, vocab_size, mask, deadline, timed_out) -> int:
+        import xgrammar as xgr
+
+        if self._batch_matcher is None:
+            self._batch_matcher = xgr.BatchGrammarMatcher(self.threads)
+        bm = self._batch_matcher
+        mask_np = mask.numpy()
+        walkers: List[_Walker] = []
+        fill_matchers: List[Any] = []
+        fill_rows: List[int] = []
+        for i in rows:
+            matcher = requests[i].matcher
+            if matcher.is_terminated():
+                continue
+            w = _Walker(matcher, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
+            walkers.append(w)
+            fill_matchers.append(matcher)
+            fill_rows.append(i * n)
+        valid = 0
+        # Round 0: every root.
+        if fill_matchers:
+            bm.batch_fill_next_token_bitmask(fill_matchers, mask, fill_rows)
+            valid += len(fill_matchers)
+        active = walkers
+        while active:
+            if deadline is not None and time.perf_counter() > deadline:
+                for w in active:
+                    w.abandon()
+                    timed_out.append(w.batch_index)
+                break
+            fill_matchers = []
+            fill_rows = []
+            still = []
+            for w in active:
+                row = w.step()
+                if row >= 0:
+                    fill_matchers.append(w.matcher)
+                    fill_rows.append(row)
+                    still.append(w)
+            if fill_matchers:
+                bm.batch_fill_next_token_bitmask(fill_matchers, mask, fill_rows)
+                valid += len(fill_matchers)
+            active = still
+        return valid
+
+
+class _Walker:
+    """Explicit-stack DFS over one request's tree, paused at every node whose row must be filled."""
+
+    __slots__ = ("matcher", "nxt", "sib", "tok", "base", "vocab", "mask", "batch_index", "stack", "depth")
+
+    def __init__(self, matcher, nxt, sib, tok, base, vocab, mask_np, batch_index) -> None:
+        self.matcher = matcher
+        self.nxt = nxt
+        self.sib = sib
+        self.tok = tok
+        self.base = base
+        self.vocab = vocab
+        self.mask = mask_np
+        self.batch_index = batch_index
+        # Stack of (node to try next, its parent node, parent depth). The root's row is filled in round 0.
+        first = nxt[0]
+        self.stack: List[Tuple[int, int, int]] = [(first, 0, 0)] if first >= 0 else []
+        self.depth = 0  # tokens accepted beyond the root
+
+    def step(self) -> int:
+        """Advance to the next node whose row must be filled; return its mask row, or -1 when the walk is done."""
+        nxt, sib, tok, mask, base, vocab, matcher = (self.nxt, self.sib, self.tok, self.mask, self.base,
+                                                     self.vocab, self.matcher)
+        stack = self.stack
+        while stack:
+            node, parent, pdepth = stack.pop()
+            s = sib[node]
+            if s >= 0:
+                stack.append((s, parent, pdepth))
+            t = tok[node]
+            if t < 0 or t >= vocab:
+                continue
+            if not (int(mask[base + parent, t >> 5]) >> (t & 31)) & 1:
+                continue
+            if self.depth > pdepth:
+                matcher.rollback(self.depth - pdepth)
+                self.depth = pdepth
+            if not matcher.accept_token(t):
+                continue
+            self.depth = pdepth + 1
+            if matcher.is_terminated():
+                continue  # terminating node: row stays all-allowed, children are not visited
+            c = nxt[node]
+            if c >= 0:
+                stack.append((c, node, self.depth))
+            return base + node
+        if self.depth:
+            matcher.rollback(self.depth)
+            self.depth = 0
+        return -1
+
+    def abandon(self) -> None:
+        """Time limit: leave unbuilt rows all-allowed and restore the matcher."""
+        rows = self.mask[self.base + 1 : self.base + len(self.nxt)]
+        rows[:] = -1
+        self.stack.clear()
+        if self.depth:
+            self.matcher.rollback(self.depth)
+            self.depth = 0
+
+
+class _MatcherAsGrammar:
+    """Presents a bare xgrammar matcher through the host grammar API, for the generic walk."""
+
+    __slots__ = ("m",)
+
+    def __init__(self, m) -> None:
+        self.m = m
+
+    def accept_token(self, token: int) -> bool:
+        return bool(self.m.accept_token(token))
+
+    def rollback(self, k: int) -> None:
+        self.m.rollback(k)
+
+    def is_terminated(self) -> bool:
+        return bool(self.m.is_terminated())
+
+    def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None:
+        self.m.fill_next_token_bitmask(vocab_mask, idx)
+
+
+def _python_walk(grammar, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
+    """Generic exact walk (same semantics as the native paths) over any host grammar object.
+
+    Returns (valid nodes, completed). On timeout, non-root rows are reset to all-allowed.
+    """
+    if grammar.is_terminated():
+        return 0, True
+    mask_np = mask.numpy()
+    grammar.fill_vocab_mask(mask, base)
+    valid = 1
+    depth = 0
+    stack: List[Tuple[int, int, int]] = [(nxt[0], 0, 0)] if nxt[0] >= 0 else []
+    while stack:
+        if deadline is not None and time.perf_counter() > deadline:
+            mask_np[base + 1 : base + len(nxt)] = -1
+            if depth:
+                grammar.rollback(depth)
+            return valid, False
+        node, parent, pdepth = stack.pop()
+        s = sib[node]
+        if s >= 0:
+            stack.append((s, parent, pdepth))
+        t = tok[node]
+        if t < 0 or t >= vocab:
+            continue
+        if not (int(mask_np[base + parent, t >> 5]) >> (t & 31)) & 1:
+            continue
+        if depth > pdepth:
+            grammar.rollback(depth - pdepth)
+            depth = pdepth
+        try:
+            ok = grammar.accept_token(t)
+        except ValueError:
+            ok = False
+        if ok is False:
+            continue
+        depth = pdepth + 1
+        if grammar.is_terminated():
+            continue
+        grammar.fill_vocab_mask(mask, base + node)
+        valid += 1
+        c = nxt[node]
+        if c >= 0:
+            stack.append((c, node, depth))
+    if depth:
+        grammar.rollback(depth)
+    return valid, True
+
+
+def neutralize_timed_out_drafts(draft_tokens: torch.Tensor, timed_out: Sequence[int], num_draft_tokens: int) -> None:
+    """Make the non-root draft candidates of timed-out requests unmatchable (-1), in stream order.
+
+    ``draft_tokens`` is the verify input's device tensor, flat ``[bs * n]`` or ``[bs, n]``. Call after the mask is
+    built and before sampling/acceptance. The step then accepts only the root-masked bonus token for those requests.
+    """
+    if not timed_out:
+        return
+    view = draft_tokens.view(-1, num_draft_tokens)
+    idx = torch.tensor(list(timed_out), dtype=torch.long, device=view.device)
+    view[idx, 1:] = -1

@@ -1,0 +1,106 @@
+"""Asynchronous host copy of the EAGLE verify tree.
+
+Call order (one verify step)::
+
+    pending = copier.start(retrieve_next_token, retrieve_next_sibling, draft_tokens)   # before the verify launch
+    ... target-verify forward is launched ...
+    next_token, next_sibling, draft = pending.resolve()                                  # when the mask is built
+
+Invariants:
+
+* Pinned host buffers are allocated once per (slot, shape, dtype) and reused; a step never allocates pinned memory
+  after warm-up. Two slots alternate so that step N+1's copy can be launched while step N's host tensors are still
+  being read (the overlap scheduler may launch N+1 before N's mask has been consumed by every reader).
+* ``start`` enqueues non-blocking device-to-host copies on the current stream and records one event; ``resolve``
+  waits on that event only (not on the whole device).
+* Tensors already on the CPU pass straight through: no copy, no event.
+
+This module imports torch only; it knows nothing of SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+__all__ = ["HostTreeCopier", "PendingTree"]
+
+Tree = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True)
+class PendingTree:
+    """A verify tree whose host copy may still be in flight. ``resolve()`` is the only wait."""
+
+    host: Tree
+    event: Optional[object] = None
+    resolved: bool = False
+
+    def resolve(self) -> Tree:
+        if not self.resolved:
+            if self.event is not None:
+                self.event.synchronize()  # type: ignore[attr-defined]
+            self.resolved = True
+        return self.host
+
+
+@dataclass
+class HostTreeCopier:
+    """Owns the reusable pinned buffers for the verify-tree host copy (one per worker)."""
+
+    num_slots: int = 2
+    _buffers: List[Dict[Tuple[int, Tuple[int, ...], torch.dtype], torch.Tensor]] = field(default_factory=list)
+    _slot: int = 0
+    pinned_allocations: int = 0  # observable: must stop growing after warm-up
+
+    def __post_init__(self) -> None:
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        self._buffers = [{} for _ in range(self.num_slots)]
+
+    def _host_buffer(self, slot: int, index: int, src: torch.Tensor) -> torch.Tensor:
+        key = (index, tuple(src.shape), src.dtype)
+        buf = self._buffers[slot].get(key)
+        if buf is None:
+            # Pinning needs a device runtime; without one (CPU-only torch) a plain buffer is the honest fallback.
+            pin = torch.cuda.is_available() if src.device.type == "cuda" else False
+            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+            self._buffers[slot][key] = buf
+            self.pinned_allocations += 1
+        return buf
+
+    def start(
+        self,
+        retrieve_next_token: torch.Tensor,
+        retrieve_next_sibling: torch.Tensor,
+        draft_tokens: torch.Tensor,
+    ) -> PendingTree:
+        """Launch the copy. Call before the target-verify forward is launched, on the stream that produced the tree."""
+        tensors = (retrieve_next_token, retrieve_next_sibling, draft_tokens)
+        if retrieve_next_token.shape != retrieve_next_sibling.shape or retrieve_next_token.numel() != draft_tokens.numel():
+            raise ValueError(
+                "verify tree tensors disagree in shape: retrieve_next_token "
+                f"{tuple(retrieve_next_token.shape)}, retrieve_next_sibling {tuple(retrieve_next_sibling.shape)}, "
+                f"draft_tokens {tuple(draft_tokens.shape)}"
+            )
+        draft_tokens = draft_tokens.reshape(retrieve_next_token.shape)
+        tensors = (retrieve_next_token, retrieve_next_sibling, draft_tokens)
+        device = next((t.device for t in tensors if t.device.type != "cpu"), None)
+        if device is None:
+            return PendingTree(host=tensors, event=None, resolved=True)
+        slot = self._slot
+        self._slot = (self._slot + 1) % self.num_slots
+        host = []
+        for i, t in enumerate(tensors):
+            if t.device.type == "cpu":
+                host.append(t)
+                continue
+            buf = self._host_buffer(slot, i, t)
+            buf.copy_(t, non_blocking=True)
+            host.append(buf)
+        module = torch.get_device_module(device)
+        event = module.Event()
+        event.record()
+        return PendingTree(host=(host[0], host[1], host[2]), event=event)
