@@ -147,6 +147,8 @@ class TreeMaskBuilder:
         """
         t0 = time.perf_counter()
         bs = len(requests)
+        if bs == 0:
+            return TreeMask(bitmask=None, build_s=time.perf_counter() - t0)
         if retrieve_next_token.dim() != 2 or retrieve_next_token.shape[0] != bs:
             raise ValueError(
                 f"retrieve_next_token must be [batch={bs}, nodes], got {tuple(retrieve_next_token.shape)}"

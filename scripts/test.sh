@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The project's test command (README): builds/reuses the CPU venvs and runs the whole suite against each supported
+# SGLang. Extra arguments go to pytest, e.g. `scripts/test.sh -m "not engine"` or `SGLANG_VERSIONS=0.5.23 scripts/test.sh`.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+VERSIONS="${SGLANG_VERSIONS:-0.5.23 0.5.16}"
+status=0
+for v in $VERSIONS; do
+  bash scripts/setup_cpu_env.sh "$v" || { echo "setup of SGLang $v failed" >&2; exit 1; }
+done
+for v in $VERSIONS; do
+  echo "===== SGLang $v ====="
+  "$ROOT/.venvs/sglang-$v/bin/python" -m pytest -q -p no:cacheprovider "$@" tests || status=1
+done
+exit $status
