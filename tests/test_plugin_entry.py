@@ -1,0 +1,106 @@
+"""The entry point: import has no side effects, env switch, version gate, idempotence, all-or-nothing activation."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import subprocess
+import sys
+
+import pytest
+
+from sglang_eagle_overlap import SUPPORTED_SGLANG_VERSIONS
+
+
+def _fresh_plugin():
+    import sglang_eagle_overlap.plugin as plugin
+
+    plugin = importlib.reload(plugin)
+    return plugin
+
+
+def test_import_has_no_side_effects():
+    # A fresh interpreter: importing the package and the plugin module must not import SGLang or register hooks.
+    code = (
+        "import sys, sglang_eagle_overlap, sglang_eagle_overlap.plugin, sglang_eagle_overlap.core;"
+        "print(any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+
+
+def test_entry_point_is_registered():
+    eps = [ep for ep in md.entry_points(group="sglang.srt.plugins") if ep.name == "eagle_overlap"]
+    assert len(eps) == 1 and eps[0].value == "sglang_eagle_overlap.plugin:load"
+
+
+def test_env_switch_turns_plugin_off(monkeypatch):
+    plugin = _fresh_plugin()
+    monkeypatch.setenv("SGLANG_EAGLE_OVERLAP", "0")
+    called = []
+    monkeypatch.setattr("sglang_eagle_overlap.adapters.adapter_for", lambda v: called.append(v))
+    plugin.load()
+    assert not plugin.is_active()
+    assert called == []  # not even the version gate ran
+
+
+def test_unsupported_version_refuses_loudly(monkeypatch, caplog):
+    plugin = _fresh_plugin()
+    monkeypatch.delenv("SGLANG_EAGLE_OVERLAP", raising=False)
+    monkeypatch.setattr(plugin, "sglang_version", lambda: "0.5.19")
+    with pytest.raises(plugin.PluginLoadError) as err:
+        plugin.load()
+    msg = str(err.value)
+    assert "0.5.19" in msg and all(v in msg for v in SUPPORTED_SGLANG_VERSIONS) and "SGLANG_EAGLE_OVERLAP=0" in msg
+    assert any(r.levelname == "ERROR" and "0.5.19" in r.getMessage() for r in caplog.records)
+    assert not plugin.is_active()
+    # A second call in the same process repeats the refusal (cheaply) instead of silently succeeding.
+    with pytest.raises(plugin.PluginLoadError):
+        plugin.load()
+
+
+def test_hook_that_did_not_land_keeps_plugin_passive(monkeypatch):
+    plugin = _fresh_plugin()
+    monkeypatch.delenv("SGLANG_EAGLE_OVERLAP", raising=False)
+
+    class FakeAdapter:
+        name = "fake"
+        activated = False
+
+        def register(self, registry):
+            pass
+
+        def verify(self):
+            return ["sglang.srt.some.Target.method (not patched)"]
+
+        def activate(self):
+            FakeAdapter.activated = True
+
+    monkeypatch.setattr("sglang_eagle_overlap.adapters.adapter_for", lambda v: FakeAdapter())
+    with pytest.raises(plugin.PluginLoadError, match="did not land"):
+        plugin.load()
+    assert not FakeAdapter.activated and not plugin.is_active()
+
+
+def test_load_is_idempotent(monkeypatch):
+    plugin = _fresh_plugin()
+    monkeypatch.delenv("SGLANG_EAGLE_OVERLAP", raising=False)
+    calls = []
+
+    class CountingAdapter:
+        name = "counting"
+
+        def register(self, registry):
+            calls.append("register")
+
+        def verify(self):
+            return []
+
+        def activate(self):
+            calls.append("activate")
+
+    monkeypatch.setattr("sglang_eagle_overlap.adapters.adapter_for", lambda v: CountingAdapter())
+    plugin.load()
+    plugin.load()
+    plugin.load()
+    assert calls == ["register", "activate"] and plugin.is_active()
