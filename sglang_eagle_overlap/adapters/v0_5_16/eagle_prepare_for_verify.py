@@ -1,0 +1,38 @@
+"""Hook: ``sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify`` (AROUND).
+
+Why: ``run_eagle_verify`` tests ``batch.has_grammar`` right after this call to do a blocking ``.cpu()`` of the verify
+tree. ``has_grammar`` must still be True *inside* this call, because ``ForwardBatch.init_new`` uses it to fill
+``sampling_info.grammars``.
+
+How: run the original untouched; afterwards, if the plugin owns this step (context stashed by the
+``run_eagle_verify`` hook for this very batch), set ``batch.has_grammar = False``. It is restored in the
+``eagle_sample`` hook and, in any case, in ``run_eagle_verify``'s ``finally``. Only other reader of ``has_grammar``
+on the path between the two points: upstream's mask block, which is exactly what we skip.
+
+Upstream state: not needed on 0.5.17+ (upstream's own async path).
+
+When to remove: when 0.5.16 is no longer supported.
+"""
+
+from __future__ import annotations
+
+from sglang_eagle_overlap.adapters.common import STATE, Hook
+from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+
+TARGET = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify"
+
+
+def eagle_prepare_for_verify(original, verify_input, req_to_token_pool, batch, *args, **kwargs):
+    result = original(verify_input, req_to_token_pool, batch, *args, **kwargs)
+    if STATE.active:
+        _runtime.after_prepare(batch)
+    return result
+
+
+HOOK = Hook(
+    target=TARGET,
+    hook_type="AROUND",
+    fn=eagle_prepare_for_verify,
+    callers=(("sglang.srt.speculative.eagle_worker_common", "eagle_prepare_for_verify"),),
+    why="skip upstream's blocking verify-tree .cpu() for plugin-owned steps",
+)
