@@ -1,0 +1,299 @@
+"""Contract tests of the SGLang 0.5.16 adapter against the real installed SGLang (CPU only, no engine).
+
+One test per hooked target: the target exists with the signature the hook was written for, the callers that did
+``from X import name`` reach the patched object after ``load()``, loading twice wraps once, the hooks pass through
+while the plugin is inactive, and a missing target makes ``load()`` raise ``PluginLoadError`` with every hook passive.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+pytestmark = pytest.mark.sglang_0_5_16
+
+# Upstream signatures the hooks were written against (parameter names, in order).
+PINNED = {
+    "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch": ["self", "batch", "last_batch"],
+    "sglang.srt.speculative.eagle_worker_common.run_eagle_verify": [
+        "batch", "target_worker", "req_to_token_pool", "token_to_kv_pool_allocator", "plan_stream",
+        "plan_stream_ctx", "topk", "num_steps", "num_draft_tokens", "device", "metadata_ready_pre_pad",
+        "finalize_tree_path",
+    ],
+    "sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify": [
+        "verify_input", "req_to_token_pool", "batch", "target_worker",
+    ],
+    "sglang.srt.speculative.eagle_utils.eagle_sample": ["verify_input", "batch", "logits_output", "vocab_mask"],
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor."
+    "_accept_grammar_tokens": ["self", "req", "tokens"],
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor."
+    "_apply_prefill_grammar": ["self", "req", "next_token_id"],
+}
+
+TORCHVISION_SHIM = """
+import torch
+try:
+    _tv = torch.library.Library("torchvision", "DEF")
+    _tv.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _tv.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+except RuntimeError:
+    pass
+"""
+
+
+_SHIM_NS: dict = {}
+
+
+def _import_sglang() -> None:
+    # The PyPI torchvision wheel is a CUDA build; its meta registrations need these schemas on CPU-only torch.
+    if "torchvision" not in sys.modules:
+        exec(TORCHVISION_SHIM, _SHIM_NS)  # the namespace keeps the Library (and so the schemas) alive
+    for mod in (
+        "sglang.srt.managers.scheduler",
+        "sglang.srt.speculative.eagle_worker_v2",
+        "sglang.srt.managers.scheduler_components.batch_result_processor",
+    ):
+        importlib.import_module(mod)
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    _import_sglang()
+    import sglang_eagle_overlap.plugin as plugin
+
+    plugin = importlib.reload(plugin)
+    from sglang_eagle_overlap.adapters.v0_5_16 import ADAPTER
+
+    ADAPTER.deactivate()
+    plugin.load()
+    assert plugin.is_active(), "plugin did not activate on the installed SGLang 0.5.16"
+    yield ADAPTER
+
+
+def _hook_for(target):
+    from sglang_eagle_overlap.adapters.v0_5_16 import HOOKS
+
+    return next(h for h in HOOKS if h.target == target)
+
+
+def test_every_hook_is_pinned():
+    from sglang_eagle_overlap.adapters.v0_5_16 import HOOKS
+
+    assert sorted(h.target for h in HOOKS) == sorted(PINNED)
+
+
+@pytest.mark.parametrize("target", sorted(PINNED))
+def test_target_signature_pinned(adapter, target):
+    from sglang_eagle_overlap.adapters.common import resolve_attr
+
+    fn = resolve_attr(target)  # patched; functools.wraps keeps the upstream signature reachable
+    params = list(inspect.signature(fn).parameters)
+    assert params == PINNED[target], f"{target}: SGLang's signature changed to {params}; re-check the hook"
+
+
+@pytest.mark.parametrize("target", sorted(PINNED))
+def test_callers_reach_patched_attribute(adapter, target):
+    from sglang_eagle_overlap.adapters.common import _contains_hook, resolve_attr, verify_hooks
+    from sglang_eagle_overlap.adapters.v0_5_16 import importable_callers
+
+    hook = _hook_for(target)
+    assert _contains_hook(resolve_attr(target), hook.fn)
+    (checked,) = importable_callers((hook,))
+    assert verify_hooks((checked,)) == []
+    for mod_name, attr in checked.callers:
+        assert _contains_hook(getattr(importlib.import_module(mod_name), attr), hook.fn), f"{mod_name}.{attr}"
+
+
+def test_callers_listed_are_real_from_imports():
+    # Every listed caller module really does `from <target module> import <name>` in the pristine source.
+    from sglang_eagle_overlap.adapters.v0_5_16 import HOOKS
+
+    for h in HOOKS:
+        for mod_name, attr in h.callers:
+            spec = importlib.util.find_spec(mod_name)
+            src = open(spec.origin).read()
+            assert f"{attr}," in src or f"import {attr}" in src, f"{mod_name} no longer imports {attr}"
+
+
+def _wrap_depth(obj, fn) -> int:
+    count = 0
+    seen = 0
+    while obj is not None and seen < 32:
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                if cell.cell_contents is fn:
+                    count += 1
+            except ValueError:
+                pass
+        obj = getattr(obj, "__wrapped__", None)
+        seen += 1
+    return count
+
+
+def test_load_is_idempotent(adapter):
+    import sglang_eagle_overlap.plugin as plugin
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_eagle_overlap.adapters.common import resolve_attr
+    from sglang_eagle_overlap.adapters.v0_5_16 import HOOKS
+
+    plugin.load()
+    HookRegistry.apply_hooks()
+    for h in HOOKS:
+        assert _wrap_depth(resolve_attr(h.target), h.fn) == 1, h.target
+    assert adapter.verify() == []
+
+
+# -- behaviour of each hook on real SGLang code with stub objects ---------------------------------------------------
+class _Recorder:
+    """A grammar that records what it is fed; ``terminate_on`` terminates, ``reject`` raises like XGrammarGrammar."""
+
+    def __init__(self, terminate_on=None, reject=()):
+        self.fed = []
+        self.terminate_on = terminate_on
+        self.reject = set(reject)
+        self.finished = False
+
+    def accept_token(self, tok):
+        if tok in self.reject:
+            raise ValueError(f"token {tok} not allowed")
+        self.fed.append(tok)
+
+    def is_terminated(self):
+        return self.terminate_on is not None and self.terminate_on in self.fed
+
+
+def _req(rid, grammar, output_ids=()):
+    return types.SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output_ids), to_finish=None,
+                                 finished=lambda: False, is_retracted=False)
+
+
+def _processor(algo="EAGLE3"):
+    return types.SimpleNamespace(server_args=types.SimpleNamespace(speculative_algorithm=algo))
+
+
+def _decode_batch(algo_name, has_grammar=True):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return types.SimpleNamespace(spec_algorithm=getattr(SpeculativeAlgorithm, algo_name), has_grammar=has_grammar,
+                                 forward_mode=ForwardMode.DECODE, reqs=[])
+
+
+def test_is_disable_overlap_drops_only_grammar_sync(adapter):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    class _Sched:  # weak-referenceable stand-in for the Scheduler's own attributes that the method reads
+        require_mlp_sync = False
+        result_queue = [object()]
+
+    sched = _Sched()
+    batch = _decode_batch("EAGLE3")
+    assert Scheduler.is_disable_overlap_for_batch(sched, batch, batch) is False
+    assert batch.has_grammar is True  # restored
+    # Not an EAGLE-family algorithm: upstream's decision stands.
+    assert Scheduler.is_disable_overlap_for_batch(sched, _decode_batch("NGRAM"), None) is True
+    adapter.deactivate()
+    try:
+        assert Scheduler.is_disable_overlap_for_batch(sched, _decode_batch("EAGLE3"), None) is True  # passive
+    finally:
+        adapter.activate()
+
+
+def test_accept_grammar_tokens_advances_exactly_once(adapter):
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang_eagle_overlap.adapters.common import STATE
+
+    g = _Recorder(terminate_on=12)
+    req = _req("c-once", g, output_ids=[1, 2])
+    # The barrier (next verify) advanced first ...
+    STATE.ledger.advance("c-once", g, 2, [11, 12, 13])
+    # ... post-processing replays: nothing fed twice, tokens after termination cut.
+    out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), req, [11, 12, 13])
+    assert out == [11, 12] and g.fed == [11, 12]
+    # Without a prior barrier it advances itself.
+    g2 = _Recorder()
+    out2 = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), _req("c-own", g2), [5, 6])
+    assert out2 == [5, 6] and g2.fed == [5, 6]
+
+
+def test_accept_grammar_tokens_rejection_aborts_with_message(adapter):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    req = _req("c-rej", _Recorder(reject={7}))
+    out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), req, [6, 7, 8])
+    assert out == [6]
+    assert isinstance(req.to_finish, FINISH_ABORT) and "c-rej" in req.to_finish.message and "7" in req.to_finish.message
+
+
+def test_accept_grammar_tokens_passes_through_when_not_eagle(adapter):
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang_eagle_overlap.adapters.common import STATE
+
+    g = _Recorder()
+    out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(algo=None), _req("c-plain", g), [3])
+    assert out == [3] and g.fed == [3] and "c-plain" not in STATE.ledger
+
+
+def test_apply_prefill_grammar_replays_barrier(adapter):
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang_eagle_overlap.adapters.common import STATE
+
+    g = _Recorder()
+    STATE.ledger.advance("c-pre", g, 0, [42])  # barrier at the extend -> decode boundary
+    req = _req("c-pre", g, output_ids=[42])  # post-processing appends before accepting
+    SchedulerBatchResultProcessor._apply_prefill_grammar(_processor(), req=req, next_token_id=42)
+    assert g.fed == [42] and g.finished is False and req.to_finish is None
+
+
+def test_run_eagle_verify_and_sample_pass_through_without_grammar(adapter):
+    from sglang.srt.speculative import eagle_worker_common
+    from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+
+    batch = types.SimpleNamespace(has_grammar=False)
+    assert _runtime.begin_step(batch) is None
+    # eagle_sample's hook with no step context calls straight through (idle batch path of the real function).
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    idle = types.SimpleNamespace(forward_mode=ForwardMode.IDLE, device="cpu")
+    predict, lens, idx = eagle_worker_common.eagle_sample(None, idle, None, None)
+    assert predict.numel() == 0 and lens.numel() == 0 and idx.numel() == 0
+
+
+def test_missing_target_refuses_and_stays_passive(tmp_path):
+    code = TORCHVISION_SHIM + textwrap.dedent(
+        """
+        import importlib
+        import sglang.srt.managers.scheduler
+        from sglang_eagle_overlap.adapters import v0_5_16
+        from sglang_eagle_overlap.adapters.common import Hook, STATE
+        bogus = Hook(target="sglang.srt.managers.scheduler.Scheduler.no_such_method_eo", hook_type="AROUND",
+                     fn=lambda original, *a, **k: original(*a, **k))
+        v0_5_16.ADAPTER.hooks = v0_5_16.HOOKS + (bogus,)
+        from sglang_eagle_overlap import plugin
+        try:
+            plugin.load()
+        except plugin.PluginLoadError as exc:
+            print("REFUSED", "no_such_method_eo" in str(exc), "0.5.16" in str(exc))
+        print("ACTIVE", plugin.is_active(), STATE.active)
+        from sglang.srt.managers.scheduler import Scheduler
+        import types
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        b = types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, has_grammar=True,
+                                  forward_mode=ForwardMode.DECODE, reqs=[])
+        s = types.SimpleNamespace(require_mlp_sync=False, result_queue=[1])
+        print("UPSTREAM", Scheduler.is_disable_overlap_for_batch(s, b, None))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "REFUSED True True" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "ACTIVE False False" in out.stdout
+    assert "UPSTREAM True" in out.stdout  # hooks landed but stay passive: SGLang's own decision
