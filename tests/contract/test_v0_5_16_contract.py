@@ -297,3 +297,51 @@ def test_missing_target_refuses_and_stays_passive(tmp_path):
     assert "REFUSED True True" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "ACTIVE False False" in out.stdout
     assert "UPSTREAM True" in out.stdout  # hooks landed but stay passive: SGLang's own decision
+
+
+def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
+    """result_queue holds a decode result (A, B finished, C retracted) and a prefill result (D, E still chunked)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang_eagle_overlap.adapters.common import STATE
+    from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+
+    ga, gb, gc, gd, ge = (_Recorder() for _ in range(5))
+    a = _req("b-A", ga, output_ids=[1])
+    b = _req("b-B", gb, output_ids=[1])
+    b.finished = lambda: True
+    c = _req("b-C", gc, output_ids=[1])
+    c.is_retracted = True
+    d = _req("b-D", gd)
+    d.inflight_middle_chunks = 0
+    e = _req("b-E", ge)
+    e.inflight_middle_chunks = 1
+    stride = 4
+    #  rows:            A: 10 11 _ _     B: 20 _ _ _      C: 30 31 32 _
+    ids = torch.tensor([10, 11, 0, 0, 20, 0, 0, 0, 30, 31, 32, 0])
+    decode = (types.SimpleNamespace(reqs=[a, b, c], forward_mode=ForwardMode.DECODE),
+              types.SimpleNamespace(next_token_ids=ids, accept_lens=torch.tensor([2, 1, 3]),
+                                    speculative_num_draft_tokens=stride, copy_done=None))
+    prefill = (types.SimpleNamespace(reqs=[d, e], forward_mode=ForwardMode.EXTEND),
+               types.SimpleNamespace(next_token_ids=torch.tensor([40, 50]), copy_done=None))
+
+    class _Sched:
+        result_queue = [decode, prefill]
+
+    sched = _Sched()
+    _runtime.remember_scheduler(sched)
+    fed = _runtime.advance_pending_results()
+    assert fed == 3 and ga.fed == [10, 11] and gb.fed == [] and gc.fed == [] and gd.fed == [40] and ge.fed == []
+    # Post-processing of the same results replays, feeding nothing.
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    assert SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), a, [10, 11]) == [10, 11]
+    d.output_ids.append(40)
+    SchedulerBatchResultProcessor._apply_prefill_grammar(_processor(), req=d, next_token_id=40)
+    assert ga.fed == [10, 11] and gd.fed == [40]
+    # A second barrier over the same queue (e.g. two verifies before processing) feeds nothing either.
+    a.output_ids = [1]
+    d.output_ids = []
+    assert _runtime.advance_pending_results() == 0 and ga.fed == [10, 11] and gd.fed == [40]
+    for key in ("b-A", "b-D"):
+        STATE.ledger.forget(key)

@@ -164,7 +164,7 @@ def advance_pending_results() -> int:
     queue = getattr(sched, "result_queue", None) if sched is not None else None
     if not queue:
         return 0
-    fed = 0
+    fed_before = STATE.ledger.tokens_fed
     live = set()
     for item in list(queue):
         try:
@@ -192,22 +192,20 @@ def advance_pending_results() -> int:
             for i, req in enumerate(reqs):
                 if req.grammar is None or req.is_retracted or req.finished():
                     continue
-                out = _advance(req, len(req.output_ids), ids[i * stride : i * stride + lens[i]])
-                fed += len(out.retained)
+                _advance(req, len(req.output_ids), ids[i * stride : i * stride + lens[i]])
         elif fm.is_extend():
             for i, req in enumerate(reqs):
                 if req.grammar is None or req.is_retracted or req.finished():
                     continue
                 if getattr(req, "inflight_middle_chunks", 0) > 0:
                     continue  # a chunk that did not finish the prompt emits no token
-                out = _advance(req, len(req.output_ids), [int(ids[i])])
-                fed += len(out.retained)
+                _advance(req, len(req.output_ids), [int(ids[i])])
     if sched is not None:
         cur = current()
         if cur is not None:
             live.update(str(req.rid) for req in cur.batch.reqs)
         _sweep(live)
-    return fed
+    return STATE.ledger.tokens_fed - fed_before  # replays feed nothing
 
 
 def _sweep(live: set) -> None:
