@@ -1,0 +1,81 @@
+"""Adapter for SGLang 0.5.23: the plugin's core replaces upstream's grammar-overlap path (see each module's docstring).
+
+| module | target | type |
+|---|---|---|
+| ``hook_grammar_tree`` | ``spec_utils.GrammarTree`` | REPLACE (class) |
+| ``hook_build_grammar_vocab_mask`` | ``spec_utils.build_grammar_vocab_mask`` | AROUND |
+| ``hook_advance_grammar_fsm`` | ``SchedulerBatchResultProcessor.advance_grammar_fsm`` | AROUND |
+
+0.5.23 already keeps EAGLE grammar decode batches overlapped (``SpeculativeAlgorithm.supports_grammar_overlap()``,
+``ScheduleBatch.grammar_needs_sync()``) and already calls the barrier inside verify, so no scheduler hook is needed;
+the contract test pins that behaviour. ``--speculative-algorithm EAGLE3`` is used unchanged.
+
+Every hook passes through to SGLang's code until :meth:`Adapter.activate` (called by ``plugin.load`` only after all
+hooks landed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from typing import Any, List, Tuple
+
+from sglang_eagle_overlap.adapters.common import STATE, Hook, register_hooks, verify_hooks
+from sglang_eagle_overlap.adapters.v0_5_23 import (
+    hook_advance_grammar_fsm,
+    hook_build_grammar_vocab_mask,
+    hook_grammar_tree,
+)
+
+__all__ = ["ADAPTER", "HOOKS", "Adapter", "importable_callers"]
+
+logger = logging.getLogger("sglang_eagle_overlap")
+
+HOOKS: Tuple[Hook, ...] = (
+    hook_grammar_tree.HOOK,
+    hook_build_grammar_vocab_mask.HOOK,
+    hook_advance_grammar_fsm.HOOK,
+)
+
+
+def importable_callers(hooks: Tuple[Hook, ...]) -> Tuple[Hook, ...]:
+    """Drop caller modules that cannot be imported in this process (e.g. CUDA-only kernels on a CPU host).
+
+    A module that cannot be imported cannot call the target; one imported later does ``from X import Y`` against the
+    already patched ``X`` and so gets the hook. Only an imported module with a stale binding is a miss.
+    """
+    out = []
+    for h in hooks:
+        keep = []
+        for mod_name, attr in h.callers:
+            try:
+                importlib.import_module(mod_name)
+            except Exception as exc:  # ImportError, or a kernel registration failing on this host
+                logger.debug("sglang-eagle-overlap: caller %s not importable here (%s); not checked", mod_name, exc)
+                continue
+            keep.append((mod_name, attr))
+        out.append(dataclasses.replace(h, callers=tuple(keep)))
+    return tuple(out)
+
+
+class Adapter:
+    name = "sglang-0.5.23"
+    hooks = HOOKS
+
+    def register(self, registry: Any) -> None:
+        hook_grammar_tree.capture_original()
+        register_hooks(registry, self.hooks)
+
+    def verify(self) -> List[str]:
+        return verify_hooks(importable_callers(self.hooks))
+
+    def activate(self) -> None:
+        STATE.active = True
+
+    def deactivate(self) -> None:
+        """For tests: back to pass-through."""
+        STATE.active = False
+
+
+ADAPTER = Adapter()

@@ -1,0 +1,99 @@
+"""Contract of the SGLang 0.5.23 adapter against the real installed SGLang (CPU only).
+
+One target per hook module: the target exists with the pinned signature, the callers that did ``from X import name``
+reach the patched object after ``plugin.load()``, load is idempotent, and a missing target is refused loudly with every
+hook left passive. The plugin is loaded in a fresh interpreter (``_v0_5_23_probe.py``) so this test process's SGLang
+stays unpatched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang_0_5_23
+
+_PROBE = Path(__file__).with_name("_v0_5_23_probe.py")
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _run_probe(mode: str) -> dict:
+    env = dict(os.environ)
+    env.pop("SGLANG_EAGLE_OVERLAP", None)
+    env["SGLANG_EO_CPU_RUNTIME"] = "1"  # torchvision shim of the CPU test venv (no effect on a GPU install)
+    site = _REPO / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "_site"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, str(_PROBE), mode], capture_output=True, text=True, env=env, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
+    if proc.returncode != 0 or not lines:
+        pytest.fail(f"probe {mode} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return json.loads(lines[-1][len("PROBE-JSON "):])
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict:
+    return _run_probe("load")
+
+
+@pytest.fixture(scope="module")
+def refused() -> dict:
+    return _run_probe("refuse")
+
+
+# -- hook_grammar_tree: spec_utils.GrammarTree (class REPLACE) ----------------------------------------------------
+def test_grammar_tree_contract(loaded):
+    p = loaded["pinned"]
+    assert p["GrammarTree.__init__"] == "(self, host, done_event)"
+    for ctor in ("from_device", "from_host"):
+        assert p[f"GrammarTree.{ctor}"] == "(retrieve_next_token, retrieve_next_sibling, draft_token)"
+    assert p["GrammarTree.from_linear_chain"] == "(verify_ids_2d)"
+    assert p["GrammarTree.resolve"] == "(self)"
+    # run_eagle_verify: copy launched before the verify forward from a view of the verify input's draft tokens,
+    # which the mask step may neutralise in place.
+    assert p["verify_calls_from_device"] and p["verify_draft_view"]
+    assert loaded["targets"]["sglang.srt.speculative.spec_utils.GrammarTree"]
+    assert loaded["callers"]["sglang.srt.speculative.eagle_worker_common.GrammarTree"]
+
+
+# -- hook_build_grammar_vocab_mask: spec_utils.build_grammar_vocab_mask (AROUND) ----------------------------------
+def test_build_grammar_vocab_mask_contract(loaded):
+    p = loaded["pinned"]
+    assert p["build_grammar_vocab_mask"] == "(*reqs, *tree, *sampling_info, *device, *barrier)"
+    assert p["verify_calls_mask_with_barrier"]
+    assert loaded["targets"]["sglang.srt.speculative.spec_utils.build_grammar_vocab_mask"]
+    assert loaded["callers"]["sglang.srt.speculative.eagle_worker_common.build_grammar_vocab_mask"]
+
+
+# -- hook_advance_grammar_fsm: SchedulerBatchResultProcessor.advance_grammar_fsm (AROUND) -------------------------
+def test_advance_grammar_fsm_contract(loaded):
+    p = loaded["pinned"]
+    assert p["advance_grammar_fsm"] == "(self, result, batch)"
+    assert p["barrier_calls_advance"] and p["result_has_grammar_fields"]
+    target = ("sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor."
+              "advance_grammar_fsm")
+    assert loaded["targets"][target]
+
+
+def test_overlap_stays_on_for_eagle3_grammar_batches(loaded):
+    # 0.5.23 keeps grammar decode batches overlapped for EAGLE/EAGLE3 on its own; the adapter relies on it.
+    assert loaded["pinned"]["eagle3_grammar_overlap"] is True
+
+
+def test_load_activates_all_hooks_and_is_idempotent(loaded):
+    assert loaded["active"] is True
+    assert loaded["missing"] == []
+    assert loaded["callers_checked"] >= 3 and all(loaded["callers"].values()), loaded["callers"]
+    assert loaded["idempotent"] is True
+
+
+def test_missing_target_is_refused_and_hooks_stay_passive(refused):
+    assert refused["raised"] and "build_grammar_vocab_mask" in refused["raised"] and "0.5.23" in refused["raised"]
+    assert "SGLANG_EAGLE_OVERLAP=0" in refused["raised"]
+    assert refused["active"] is False
+    assert refused["tree_patched"] is True  # that hook landed ...
+    assert refused["tree_passthrough"] is True  # ... but passes through to SGLang's own class
