@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+try:  # CPU test venvs: let the CUDA-built torchvision wheel import against CPU torch, before any test imports SGLang
+    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+
+    install_import_hook()
+except ImportError:  # the test-only runtime is not installed (e.g. a GPU machine's own environment)
+    pass
+
 
 def _has_cuda() -> bool:
     try:
