@@ -1,0 +1,298 @@
+"""Plain-torch versions of the ``*_cpu`` bookkeeping ops SGLang's EAGLE v2 path calls on CPU.
+
+Each function mirrors the contract of SGLang's own Triton kernel for the same job (read at the caller named in its
+docstring); tensors marked "written" are updated in place, exactly as the native ops do. Loops run over the batch in
+Python: batches in the CPU tests are a handful of requests, so clarity wins over speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+__all__ = [
+    "assign_draft_cache_locs_contiguous_cpu",
+    "assign_extend_cache_locs_cpu",
+    "assign_req_to_token_pool_cpu",
+    "build_draft_decode_metadata_cpu",
+    "build_tree_kernel_efficient_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "fill_accept_out_cache_loc_cpu",
+    "fill_bonus_tokens_cpu",
+    "verify_tree_greedy_cpu",
+]
+
+
+def _ints(t: torch.Tensor) -> list[int]:
+    return [int(x) for x in t.reshape(-1).tolist()]
+
+
+def copy_all_layer_kv_cache_cpu(
+    data_ptrs: torch.Tensor, strides: torch.Tensor, tgt_loc: torch.Tensor, src_loc: torch.Tensor
+) -> None:
+    """Copy row ``src_loc[i]`` to row ``tgt_loc[i]`` in every KV buffer (caller: ``kernels/ops/kvcache/cache_move.py``).
+
+    ``data_ptrs[b]`` is the base address of buffer ``b`` and ``strides[b]`` its row size in bytes. All source rows are
+    read before any target row is written, so overlapping source/target sets behave like the tiled kernel.
+    """
+    pairs = list(zip(_ints(tgt_loc), _ints(src_loc)))
+    if not pairs:
+        return
+    for base, stride in zip(_ints(data_ptrs), _ints(strides)):
+        rows = [ctypes.string_at(base + src * stride, stride) for _, src in pairs]
+        for (tgt, _), row in zip(pairs, rows):
+            ctypes.memmove(base + tgt * stride, row, stride)
+
+
+def assign_req_to_token_pool_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,  # written
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
+    """``req_to_token[req_i, start_i:end_i] = out_cache_loc[packed slice i]`` (caller: ``mem_cache/allocation.py``)."""
+    flat = out_cache_loc.reshape(-1)
+    offset = 0
+    for req, start, end in zip(_ints(req_pool_indices), _ints(start_offset), _ints(end_offset)):
+        n = end - start
+        if n > 0:
+            req_to_token[req, start:end] = flat[offset : offset + n].to(req_to_token.dtype)
+        offset += max(n, 0)
+
+
+def assign_extend_cache_locs_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,  # written
+    pool_len: int,
+) -> None:
+    """Pack ``req_to_token[req_i, start_i:end_i]`` for every request into ``out_cache_loc`` (inverse of the above;
+    caller: ``kernels/ops/speculative/cache_locs.py``, 0.5.16 ``speculative/spec_utils.py``)."""
+    flat = out_cache_loc.view(-1)
+    offset = 0
+    for req, start, end in zip(_ints(req_pool_indices), _ints(start_offset), _ints(end_offset)):
+        n = end - start
+        if n > 0:
+            flat[offset : offset + n] = req_to_token[req, start:end].to(flat.dtype)
+        offset += max(n, 0)
+
+
+def assign_draft_cache_locs_contiguous_cpu(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,  # written
+    pool_len: int,
+    topk: int,
+    num_steps: int,
+) -> None:
+    """Request i's draft slots are ``req_to_token[req_i, seq_len_i : seq_len_i + topk*num_steps]``, copied to
+    ``out_cache_loc[i*topk*num_steps :]`` (branch-major: branch j's steps are contiguous)."""
+    width = topk * num_steps
+    flat = out_cache_loc.view(-1)
+    for i, (req, seq_len) in enumerate(zip(_ints(req_pool_indices), _ints(seq_lens))):
+        flat[i * width : (i + 1) * width] = req_to_token[req, seq_len : seq_len + width].to(flat.dtype)
+
+
+def build_draft_decode_metadata_cpu(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    topk: int,
+    num_steps: int,
+    pool_len: int,
+) -> torch.Tensor:
+    """One KV-index row per (request, branch) for the multi-step draft decode (caller: ``intel_amx_backend.py``).
+
+    Row ``i*topk + j`` holds request i's committed prefix ``req_to_token[req_i, :seq_len_i]`` followed by branch j's
+    draft slots ``req_to_token[req_i, seq_len_i + j*num_steps : ... + num_steps]`` — the layout
+    ``assign_draft_cache_locs_contiguous`` allocates (page size 1). Rows are addressed by ``arange(bs*topk)``.
+    """
+    reqs, lens = _ints(req_pool_indices), _ints(seq_lens)
+    out = torch.zeros((len(reqs) * topk, pool_len), dtype=req_to_token.dtype, device=req_to_token.device)
+    for i, (req, seq_len) in enumerate(zip(reqs, lens)):
+        prefix = req_to_token[req, :seq_len]
+        for j in range(topk):
+            row = out[i * topk + j]
+            row[:seq_len] = prefix
+            lo = seq_len + j * num_steps
+            row[seq_len : seq_len + num_steps] = req_to_token[req, lo : lo + num_steps]
+    return out
+
+
+def fill_bonus_tokens_cpu(
+    accept_tokens: torch.Tensor,
+    accept_lens: torch.Tensor,
+    bonus_tokens: torch.Tensor,  # written
+    accept_stride: int,
+) -> None:
+    """``bonus[i] = accept_tokens[i*stride + accept_lens[i] - 1]``: the last accepted slot (the bonus token) per request
+    (caller: ``kernels/ops/speculative/eagle.py``)."""
+    flat = accept_tokens.reshape(-1)
+    lens = accept_lens.reshape(-1).to(torch.int64)
+    if lens.numel() == 0:
+        return
+    idx = torch.arange(lens.numel(), dtype=torch.int64, device=flat.device) * accept_stride + lens - 1
+    bonus_tokens.view(-1)[: lens.numel()] = flat[idx].to(bonus_tokens.dtype)
+
+
+def fill_accept_out_cache_loc_cpu(
+    accept_index: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    accept_out_cache_loc: torch.Tensor,  # written
+) -> None:
+    """Compact: the k-th non-negative entry ``a`` of ``accept_index`` (row-major) writes ``out_cache_loc[a]`` to
+    ``accept_out_cache_loc[k]`` (caller: ``kernels/ops/speculative/eagle.py``)."""
+    flat = accept_index.reshape(-1).to(torch.int64)
+    valid = flat[flat >= 0]
+    n = valid.numel()
+    if n:
+        accept_out_cache_loc.view(-1)[:n] = out_cache_loc.reshape(-1)[valid].to(accept_out_cache_loc.dtype)
+
+
+def _find_selected(selected: list[int], token_idx: int) -> int:
+    for pos, value in enumerate(selected):
+        if value == token_idx:
+            return pos
+    return -1
+
+
+def build_tree_kernel_efficient_cpu(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,  # written
+    positions: torch.Tensor,  # written
+    retrieve_index: torch.Tensor,  # written
+    retrieve_next_token: torch.Tensor,  # written, caller fills -1
+    retrieve_next_sibling: torch.Tensor,  # written, caller fills -1
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """Build the verify tree from the draft's top-k bookkeeping (caller: ``spec_tree.py`` / 0.5.16 ``eagle_utils.py``).
+
+    Node 0 of each request is the verified (bonus) token; node ``i >= 1`` is draft ``selected_index[i-1]``, whose
+    parent draft is ``parent_list[selected_index[i-1] // topk]`` (0 means the root). Children are linked in ascending
+    node order through ``retrieve_next_token`` / ``retrieve_next_sibling``; ``positions`` is ``seq_len + depth``.
+    Mask modes: 0 FULL_MASK (rows of ``seq_len + D``, prefix columns pre-filled by the caller), 1 QLEN_ONLY (rows of
+    ``D``; ``mask[b, i, j]`` = node j is i itself or an ancestor of i).
+    """
+    D = draft_token_num
+    bs = verified_seq_len.numel()
+    seq_lens = _ints(verified_seq_len)
+    mode = int(tree_mask_mode)
+    if mode not in (0, 1):
+        raise NotImplementedError(f"tree_mask_mode {mode} is not supported by the CPU test runtime (0 or 1 expected)")
+    parents_all = parent_list.reshape(bs, -1).tolist() if parent_list.numel() else [[] for _ in range(bs)]
+    selected_all = selected_index.reshape(bs, -1).tolist()
+    ri, rn, rs = retrieve_index.view(bs, D), retrieve_next_token.view(bs, D), retrieve_next_sibling.view(bs, D)
+    pos_out = positions.view(bs, D)
+    flat_mask = tree_mask.view(-1)
+    prefix_sum = 0
+    for b in range(bs):
+        seq_len = seq_lens[b]
+        parents = [int(x) for x in parents_all[b]]
+        selected = [int(x) for x in selected_all[b]]
+
+        def parent_node(node: int) -> int:
+            """Tree node (0 = root) that is the parent of node >= 1; -1 when the parent draft was not selected."""
+            tb = selected[node - 1] // topk
+            if tb == 0:
+                return 0
+            pos = _find_selected(selected[: D - 1], parents[tb])
+            return pos + 1 if pos >= 0 else -1
+
+        next_tok = [-1] * D
+        next_sib = [-1] * D
+        for i in range(D - 1, 0, -1):
+            p = parent_node(i)
+            if p >= 0:
+                if next_tok[p] != -1:
+                    next_sib[i] = next_tok[p]
+                next_tok[p] = i
+        ri[b] = torch.arange(b * D, (b + 1) * D, dtype=ri.dtype)
+        rn[b] = torch.tensor(next_tok, dtype=rn.dtype)
+        rs[b] = torch.tensor(next_sib, dtype=rs.dtype)
+
+        depths = [0] * D
+        for x in range(D):
+            # Walk up from x marking at most `depth` non-root nodes, as the native kernel does.
+            ancestors: list[int] = []
+            node = x
+            if x > 0:
+                for _ in range(depth):
+                    ancestors.append(node)
+                    p = parent_node(node)
+                    if p <= 0:
+                        break
+                    node = p
+            depths[x] = len(ancestors)
+            if mode == 0:
+                row_start = D * D * b + prefix_sum * D + (seq_len + D) * x + seq_len
+            else:
+                row_start = D * D * b + D * x
+            row = torch.zeros(D, dtype=torch.bool)
+            row[0] = True
+            for a in ancestors:
+                row[a] = True
+            flat_mask[row_start : row_start + D] = row.to(flat_mask.dtype)
+        pos_out[b] = torch.tensor([seq_len + d for d in depths], dtype=pos_out.dtype)
+        prefix_sum += seq_len
+
+
+def verify_tree_greedy_cpu(
+    predicts: torch.Tensor,  # written
+    accept_index: torch.Tensor,  # written
+    accept_token_num: torch.Tensor,  # written
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """Greedy tree walk (caller: ``spec_tree.py`` / 0.5.16 ``eagle_utils.py``).
+
+    From the root, repeatedly pick the first child (in sibling order) whose draft token equals the target's argmax at
+    the current node; record its retrieve index in ``accept_index[b, 1:]``. ``predicts[node]`` gets the target token
+    for every accepted node plus the final (bonus) one; ``accept_token_num[b]`` counts accepted drafts (bonus
+    excluded). Keyword names keep SGLang's ``retrive_*`` spelling because the caller passes them by name.
+    """
+    bs, D = candidates.shape[0], candidates.shape[1]
+    S = accept_index.shape[1]
+    cand = candidates.reshape(bs, D).tolist()
+    rindex = retrive_index.reshape(bs, D).tolist()
+    rnext = retrive_next_token.reshape(bs, D).tolist()
+    rsib = retrive_next_sibling.reshape(bs, D).tolist()
+    target = target_predict.reshape(-1).tolist()
+    pred_flat = predicts.view(-1)
+    acc = accept_index.view(bs, S)
+    for b in range(bs):
+        last = int(rindex[b][0])
+        acc[b, 0] = last
+        num = 0
+        cur = 0
+        for j in range(1, S):
+            cur = int(rnext[b][cur])
+            want = int(target[last])
+            matched = False
+            while cur != -1:
+                if int(cand[b][cur]) == want:
+                    draft_index = int(rindex[b][cur])
+                    pred_flat[last] = want
+                    num += 1
+                    acc[b, num] = draft_index
+                    last = draft_index
+                    matched = True
+                    break
+                cur = int(rsib[b][cur])
+            if not matched:
+                break
+        accept_token_num.view(-1)[b] = num
+        pred_flat[last] = int(target[last])

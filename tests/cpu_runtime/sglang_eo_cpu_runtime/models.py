@@ -1,0 +1,460 @@
+"""Deterministic tiny models for running the real SGLang engine on CPU (TEST ONLY).
+
+Everything is built locally (no downloads) and cached under ``$SGLANG_EO_MODEL_CACHE`` (default
+``<repo>/.cache/tiny-models``) in a directory whose name carries a hash of this file and the build parameters, so a
+change to the builders rebuilds. Builds are written to a temporary directory and renamed into place, so concurrent
+test runs never see half a model.
+
+* :func:`build_tokenizer` - byte-level BPE trained with ``tokenizers`` on a generated corpus (JSON documents and
+  English-ish sentences), saved as a ``PreTrainedTokenizerFast`` with a chat template and ``<|endoftext|>`` as eos.
+  Large vocabularies (e.g. >= 100k for mask tests) are reached by padding the trained vocabulary with generated
+  (never-merged, still decodable) byte-level tokens.
+* :func:`build_random_pair` - Llama target (hidden 64, 4 layers, float32) + EAGLE3 draft (1 layer, own draft vocab
+  with ``d2t``/``t2d``), random weights: drafts are almost never accepted, which exercises rejection paths.
+* :func:`build_follower_pair` - weights set by hand so the target is a bigram machine: the argmax after token ``t`` is
+  ``succ[t]``, where ``succ`` walks the tokenization of :data:`FOLLOWER_DOCUMENT` (a JSON document valid under
+  :data:`FOLLOWER_SCHEMA`) and then emits eos. The draft predicts the same chain several steps ahead, so under the
+  schema drafts are accepted (accept length well above 2).
+
+How the follower works (hidden size ``H``): every token of the chain gets its own basis vector ("slot"), all other
+tokens share a null slot. The target's attention and MLP outputs are zeroed, so its residual stream, and therefore
+every EAGLE3 auxiliary hidden state, is the embedding of the current token; its lm_head maps slot(t) to succ[t]. The
+draft's ``fc`` copies one auxiliary state, its MLP maps slot(t) to slot(succ[t]) (one step along the chain), and its
+lm_head again maps slot(t) to succ[t]; since the draft's hidden output feeds its next step, each draft step moves one
+token further along the chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = [
+    "ModelPair",
+    "FOLLOWER_DOCUMENT",
+    "FOLLOWER_SCHEMA",
+    "build_tokenizer",
+    "build_random_pair",
+    "build_follower_pair",
+    "cache_root",
+]
+
+# Bump to force a rebuild of every cached artefact (the hash of this file also changes on any edit).
+_BUILD_VERSION = 1
+HIDDEN = 64
+EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# The document the follower pair writes, and a schema it is valid under. Chosen so its tokenization (with the
+# default tokenizer) has no repeated token, which a bigram machine needs; build_follower_pair checks that.
+# It is written with json.dumps' default separators (", ", ": "), which is what xgrammar emits for a JSON schema
+# with any_whitespace=False (SGLang's constrained_json_disable_any_whitespace); separator tokens repeat across keys,
+# (the byte-level pre-tokenizer keeps ' "' apart), so the document has one key with a sentence as its value.
+FOLLOWER_DOCUMENT: dict[str, Any] = {"title": "Green river under bright morning light"}
+FOLLOWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}},
+    "required": ["title"],
+    "additionalProperties": False,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPair:
+    """Paths of a target model, its EAGLE3 draft, and facts the tests need."""
+
+    target: str
+    draft: str
+    vocab_size: int
+    eos_token_id: int
+    chain: tuple[int, ...] = ()  # follower only: the token ids the target walks, ending with eos
+
+
+def cache_root() -> Path:
+    env = os.environ.get("SGLANG_EO_MODEL_CACHE")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / ".cache" / "tiny-models"
+
+
+def _key(kind: str, **params: Any) -> str:
+    h = hashlib.sha256()
+    h.update(Path(__file__).read_bytes())
+    h.update(json.dumps({"kind": kind, "v": _BUILD_VERSION, **params}, sort_keys=True).encode())
+    return f"{kind}-{h.hexdigest()[:12]}"
+
+
+def _cached(key: str, build) -> Path:
+    """Return ``cache_root()/key``, building it with ``build(tmp_dir)`` if absent (atomic rename into place)."""
+    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+
+    install_import_hook()  # transformers imports torchvision, whose CUDA wheel needs the schema shim on CPU torch
+    root = cache_root()
+    final = root / key
+    if (final / ".complete").exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        build(tmp)
+        (tmp / ".complete").write_text("ok\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process won the race
+            if not (final / ".complete").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --- corpus --------------------------------------------------------------------------------------------------------
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her they this have had not are but were which be one "
+    "you all she there their an been has more if will would when who so no out up into them can only other new some "
+    "could time these two may then do first any my now such like our over man me even most made after also did many "
+    "before must through back years where much your way well down should because each just those people how too "
+    "little state good very make world still own see men work long get here between both life being under never day "
+    "same another know while last might us great old year off come since against go came right used take three city "
+    "name age active country river mountain green blue red small large quick bright quiet river stone light house "
+    "water music book garden morning evening winter summer north south east west value price count total status "
+    "ready open closed true false null item list order user email phone address number text title score level"
+).split()
+_SYLLABLES = "ka lo mi ra ten vel sor an ith qua dre fin gal hom pet rus sil tor un war xen yel zo bra cle".split()
+_WORDS = _WORDS + [
+    "".join(random.Random(i).choice(_SYLLABLES) for _ in range(1 + i % 3)) for i in range(1500)
+]
+_KEYS = (
+    "name age city active id title price count tags items user email score level status note value type kind "
+    "country enabled size color date time url"
+).split()
+
+
+def _json_value(rng: random.Random, depth: int) -> Any:
+    r = rng.random()
+    if depth < 2 and r < 0.15:
+        return {rng.choice(_KEYS): _json_value(rng, depth + 1) for _ in range(rng.randint(1, 4))}
+    if depth < 2 and r < 0.25:
+        return [_json_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    if r < 0.5:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 3))).capitalize()
+    if r < 0.75:
+        return rng.randint(0, 2000) if rng.random() < 0.7 else round(rng.uniform(-100, 100), 2)
+    if r < 0.9:
+        return rng.random() < 0.5
+    return None
+
+
+def _corpus(seed: int, n_docs: int) -> Iterator[str]:
+    rng = random.Random(seed)
+    for i in range(n_docs):
+        if i % 2 == 0:
+            doc = {rng.choice(_KEYS): _json_value(rng, 0) for _ in range(rng.randint(1, 6))}
+            compact = rng.random() < 0.2
+            yield json.dumps(doc, separators=(",", ":") if compact else None)
+        else:
+            sentences = []
+            for _ in range(rng.randint(1, 4)):
+                words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 14))]
+                sentences.append(" ".join(words).capitalize() + rng.choice([".", ".", "!", "?"]))
+            yield " ".join(sentences)
+    # Make sure the follower document itself is in the corpus so its tokens exist.
+    for _ in range(50):
+        yield follower_text()
+
+
+# --- tokenizer -----------------------------------------------------------------------------------------------------
+
+
+def build_tokenizer(vocab_size: int = 4096, seed: int = 0) -> Path:
+    """Directory of a saved ``PreTrainedTokenizerFast`` with ``vocab_size`` tokens in total (specials included)."""
+
+    def build(out: Path) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        n_docs = 4000 if vocab_size <= 8192 else 20000
+        tok.train_from_iterator(_corpus(seed, n_docs), trainer=trainer)
+        if tok.get_vocab_size() < vocab_size:
+            tok = _pad_vocab(tok, vocab_size, seed)
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            eos_token=EOS,
+            pad_token="<|pad|>",
+            bos_token=None,
+            unk_token=None,
+        )
+        fast.chat_template = CHAT_TEMPLATE
+        fast.model_max_length = 2048
+        fast.save_pretrained(str(out))
+
+    return _cached(_key("tokenizer", vocab_size=vocab_size, seed=seed), build)
+
+
+def _pad_vocab(tok, vocab_size: int, seed: int):
+    """Append generated byte-level tokens (reachable by no merge) until the vocabulary has ``vocab_size`` entries."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    used = set(vocab) | {t["content"] for t in spec.get("added_tokens", [])}
+    next_id = max(max(vocab.values()), max((t["id"] for t in spec.get("added_tokens", [])), default=0)) + 1
+    rng = random.Random(seed + 1)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    while next_id < vocab_size:
+        piece = ("\u0120" if rng.random() < 0.5 else "") + "".join(
+            rng.choice(letters) for _ in range(rng.randint(4, 9))
+        )
+        if piece in used:
+            continue
+        used.add(piece)
+        vocab[piece] = next_id
+        next_id += 1
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+# --- models --------------------------------------------------------------------------------------------------------
+
+
+def _llama_config(vocab_size: int, eos_id: int, pad_id: int, layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=HIDDEN // 4,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        torch_dtype="float32",
+    )
+
+
+def _save_target(out: Path, tok_dir: Path, config, state: dict | None, seed: int) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    if state is not None:
+        with torch.no_grad():
+            for name, value in state.items():
+                model.get_parameter(name).copy_(value)
+    model.save_pretrained(str(out), safe_serialization=True)
+    for f in tok_dir.iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            shutil.copy(f, out / f.name)
+
+
+def _save_draft(out: Path, tok_dir: Path, vocab_size: int, draft_vocab: int, eos_id: int, pad_id: int,
+                tensors: dict, aux_layer_ids: list[int]) -> None:
+    from safetensors.torch import save_file
+
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": 2 * HIDDEN,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": HIDDEN // 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": HIDDEN,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    for f in tok_dir.iterdir():
+        if f.is_file() and not f.name.startswith(".") and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+
+
+def _draft_tensors(gen, vocab_size: int, draft_vocab: int, hot: "list[int]", std: float = 0.02) -> dict:
+    import torch
+
+    H, I = HIDDEN, 2 * HIDDEN
+    kv = 2 * (HIDDEN // 4)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen) * std
+
+    hot_t = torch.tensor(hot, dtype=torch.int64)
+    d2t = hot_t - torch.arange(draft_vocab, dtype=torch.int64)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[hot_t] = True
+    return {
+        "fc.weight": rnd(H, 3 * H),
+        "midlayer.input_layernorm.weight": torch.ones(H),
+        "midlayer.hidden_norm.weight": torch.ones(H),
+        "midlayer.post_attention_layernorm.weight": torch.ones(H),
+        "midlayer.self_attn.q_proj.weight": rnd(H, 2 * H),
+        "midlayer.self_attn.k_proj.weight": rnd(kv, 2 * H),
+        "midlayer.self_attn.v_proj.weight": rnd(kv, 2 * H),
+        "midlayer.self_attn.o_proj.weight": rnd(H, H),
+        "midlayer.mlp.gate_proj.weight": rnd(I, H),
+        "midlayer.mlp.up_proj.weight": rnd(I, H),
+        "midlayer.mlp.down_proj.weight": rnd(H, I),
+        "norm.weight": torch.ones(H),
+        "lm_head.weight": rnd(draft_vocab, H),
+        "d2t": d2t,
+        "t2d": t2d,
+    }
+
+
+def _special_ids(tok_dir: Path) -> tuple[int, int, int]:
+    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+
+    install_import_hook()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    return len(tok), tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids("<|pad|>")
+
+
+def build_random_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int = 4) -> ModelPair:
+    """Random-weight target + EAGLE3 draft sharing a locally trained tokenizer."""
+    tok_dir = build_tokenizer(vocab_size, seed)
+    n_vocab, eos_id, pad_id = _special_ids(tok_dir)
+    draft_vocab = max(64, n_vocab // 2)
+
+    def build(out: Path) -> None:
+        import torch
+
+        config = _llama_config(n_vocab, eos_id, pad_id, num_layers)
+        _save_target(out / "target", tok_dir, config, None, seed)
+        gen = torch.Generator().manual_seed(seed + 7)
+        # Hot tokens: the first draft_vocab ids (specials + most frequent merges come first in a BPE vocab).
+        hot = list(range(draft_vocab))
+        _save_draft(out / "draft", tok_dir, n_vocab, draft_vocab, eos_id, pad_id,
+                    _draft_tensors(gen, n_vocab, draft_vocab, hot), [0, num_layers // 2 - 1, num_layers - 2])
+
+    root = _cached(_key("random-pair", vocab_size=vocab_size, seed=seed, layers=num_layers), build)
+    return ModelPair(str(root / "target"), str(root / "draft"), n_vocab, eos_id)
+
+
+def follower_text() -> str:
+    """The exact text the follower pair generates (before eos)."""
+    return json.dumps(FOLLOWER_DOCUMENT)
+
+
+def follower_chain(tok_dir: Path) -> list[int]:
+    """Token ids of the compact follower document, checked to have no repeated token."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    text = follower_text()
+    ids = tok.encode(text, add_special_tokens=False)
+    if len(set(ids)) != len(ids):
+        raise RuntimeError(
+            f"follower document {text!r} tokenizes with a repeated token ({tok.convert_ids_to_tokens(ids)}); a "
+            "bigram follower cannot write it - change FOLLOWER_DOCUMENT"
+        )
+    if len(ids) + 2 > HIDDEN:
+        raise RuntimeError(f"follower document has {len(ids)} tokens; at most {HIDDEN - 2} fit the hidden size")
+    return ids
+
+
+def build_follower_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int = 4) -> ModelPair:
+    """Hand-set target + EAGLE3 draft that write :data:`FOLLOWER_DOCUMENT` then eos (see the module docstring)."""
+    tok_dir = build_tokenizer(vocab_size, seed)
+    n_vocab, eos_id, pad_id = _special_ids(tok_dir)
+    chain = follower_chain(tok_dir) + [eos_id]
+
+    def build(out: Path) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        H = HIDDEN
+        null_slot = H - 1
+        slot = {t: i for i, t in enumerate(chain)}  # chain tokens (and eos) get slots 0..len-1
+        succ = {chain[i]: chain[i + 1] for i in range(len(chain) - 1)}
+        first = chain[0]
+
+        def code(t: int) -> torch.Tensor:
+            v = torch.zeros(H)
+            v[slot.get(t, null_slot)] = 1.0
+            return v
+
+        embed = torch.stack([code(t) for t in range(n_vocab)])
+        # lm_head: row u = sum of the codes of every state whose successor is u (null -> first chain token).
+        head = torch.zeros(n_vocab, H)
+        for t, u in succ.items():
+            head[u, slot[t]] = 1.0
+        head[first, null_slot] = 1.0
+
+        config = _llama_config(n_vocab, eos_id, pad_id, num_layers)
+        state: dict[str, torch.Tensor] = {"model.embed_tokens.weight": embed, "lm_head.weight": head}
+        for i in range(num_layers):
+            state[f"model.layers.{i}.self_attn.o_proj.weight"] = torch.zeros(H, H)
+            state[f"model.layers.{i}.mlp.down_proj.weight"] = torch.zeros(H, 2 * H)
+        _save_target(out / "target", tok_dir, config, state, seed)
+
+        # Draft: fc copies the first aux state; the MLP steps slot(t) -> slot(succ t); lm_head as the target's.
+        gen = torch.Generator().manual_seed(seed + 11)
+        tensors = _draft_tensors(gen, n_vocab, n_vocab, list(range(n_vocab)))
+        fc = torch.zeros(H, 3 * H)
+        fc[:, :H] = torch.eye(H)
+        tensors["fc.weight"] = fc
+        tensors["midlayer.self_attn.o_proj.weight"] = torch.zeros(H, H)
+        # RMSNorm(one-hot) = sqrt(H) * one-hot; gate/up rows pick slot j, so the product at slot k is p.
+        amp = (1.0 / (1.0 / H + 1e-6)) ** 0.5
+        p = float(F.silu(torch.tensor(amp)) * amp)
+        gate = torch.zeros(2 * H, H)
+        up = torch.zeros(2 * H, H)
+        gate[:H] = torch.eye(H)
+        up[:H] = torch.eye(H)
+        down = torch.zeros(H, 2 * H)
+        for t, u in succ.items():
+            k = slot[t]
+            down[:, k] = (code(u) - code(t)) / p
+        down[:, null_slot] = (code(first) - torch.eye(H)[null_slot]) / p
+        tensors["midlayer.mlp.gate_proj.weight"] = gate
+        tensors["midlayer.mlp.up_proj.weight"] = up
+        tensors["midlayer.mlp.down_proj.weight"] = down
+        tensors["lm_head.weight"] = head.clone()
+        _save_draft(out / "draft", tok_dir, n_vocab, n_vocab, eos_id, pad_id, tensors,
+                    [0, num_layers // 2 - 1, num_layers - 2])
+
+    root = _cached(_key("follower-pair", vocab_size=vocab_size, seed=seed, layers=num_layers), build)
+    return ModelPair(str(root / "target"), str(root / "draft"), n_vocab, eos_id, tuple(chain))
