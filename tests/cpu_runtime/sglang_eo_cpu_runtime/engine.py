@@ -1,0 +1,225 @@
+"""Start the real SGLang engine / HTTP server on CPU with EAGLE3 + the overlap scheduler (TEST ONLY).
+
+Both helpers use the same configuration: ``device="cpu"``, ``attention_backend="intel_amx"`` (kept on a CPU without
+AMX by :mod:`.plugin`, attention ops from the ``sgl_kernel`` stand-in), float32, no CUDA graphs, a small KV pool and
+context so a start takes ~25-40 s on 2 cores, greedy verification, xgrammar with
+``constrained_json_disable_any_whitespace``. Speculative variants: ``topk1`` (topk 1, 3 steps, 4 draft tokens) and
+``topk4`` (topk 4, 3 steps, 8 draft tokens); ``None`` runs without speculation.
+
+Environment every SGLang process needs (also the spawned scheduler): ``SGLANG_USE_CPU_ENGINE=1``,
+``SGLANG_EO_CPU_RUNTIME=1`` (activates the test plugin), ``PYTHONPATH`` with ``_site/`` (torchvision shim at
+interpreter start), ``SGLANG_EO_STATS_FILE`` (overlap counters), and ``SGLANG_EAGLE_OVERLAP=0`` to switch the product
+plugin off. Only one engine should run at a time on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from sglang_eo_cpu_runtime import models
+from sglang_eo_cpu_runtime.stats import STATS_ENV, read_stats
+
+__all__ = [
+    "EngineConfig",
+    "SPEC_VARIANTS",
+    "apply_cpu_env",
+    "cpu_env",
+    "engine_kwargs",
+    "free_port",
+    "launch_server",
+    "model_pair",
+    "read_stats",
+    "server_cli_args",
+    "ServerProcess",
+    "start_engine",
+]
+
+SITE_DIR = str(Path(__file__).resolve().parent / "_site")
+
+SpecVariant = Optional[Literal["topk1", "topk4"]]
+SPEC_VARIANTS: dict[str, dict[str, int]] = {
+    "topk1": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
+    "topk4": {"speculative_num_steps": 3, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """One engine configuration; equal configs can share a running engine."""
+
+    pair: Literal["random", "follower"] = "random"
+    spec: SpecVariant = "topk1"
+    overlap: bool = True
+    product_plugin: bool = False  # False sets SGLANG_EAGLE_OVERLAP=0 (the product plugin honours it)
+    vocab_size: int = 4096
+    max_running_requests: int = 8
+    extra: tuple[tuple[str, Any], ...] = ()  # further sglang.Engine keyword arguments
+
+    def describe(self) -> str:
+        return (
+            f"{self.pair}-{self.spec or 'nospec'}-{'overlap' if self.overlap else 'sync'}"
+            f"-{'product' if self.product_plugin else 'stock'}"
+        )
+
+
+def model_pair(cfg: EngineConfig) -> models.ModelPair:
+    if cfg.pair == "follower":
+        return models.build_follower_pair(cfg.vocab_size)
+    return models.build_random_pair(cfg.vocab_size)
+
+
+def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> dict[str, str]:
+    """The environment variables (to add to ``os.environ``) an SGLang CPU test process needs."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if SITE_DIR not in paths:
+        paths.insert(0, SITE_DIR)
+    env = {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "SGLANG_EO_CPU_RUNTIME": "1",
+        "PYTHONPATH": os.pathsep.join(paths),
+        "SGLANG_EAGLE_OVERLAP": "1" if product_plugin else "0",
+        # 2 cores: keep torch from oversubscribing when engine, scheduler and test share them.
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+    if stats_file:
+        env[STATS_ENV] = str(stats_file)
+    return env
+
+
+def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> None:
+    """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it) and make the torchvision
+    shim active in this process."""
+    os.environ.update(cpu_env(stats_file, product_plugin))
+    if not stats_file:
+        os.environ.pop(STATS_ENV, None)
+    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+
+    install_import_hook()
+
+
+def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) -> dict[str, Any]:
+    pair = pair or model_pair(cfg)
+    kw: dict[str, Any] = dict(
+        model_path=pair.target,
+        device="cpu",
+        attention_backend="intel_amx",
+        dtype="float32",
+        disable_cuda_graph=True,
+        max_total_tokens=4096,
+        max_running_requests=cfg.max_running_requests,
+        context_length=1024,
+        mem_fraction_static=0.05,
+        random_seed=0,
+        grammar_backend="xgrammar",
+        constrained_json_disable_any_whitespace=True,
+        disable_overlap_schedule=not cfg.overlap,
+        log_level="warning",
+    )
+    if cfg.spec is not None:
+        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=pair.draft, **SPEC_VARIANTS[cfg.spec])
+    kw.update(dict(cfg.extra))
+    return kw
+
+
+def start_engine(cfg: EngineConfig, stats_file: Optional[str] = None):
+    """Start an in-process ``sglang.Engine``. The caller must run under ``if __name__ == "__main__"`` or pytest (the
+    scheduler is spawned) and call ``.shutdown()``."""
+    apply_cpu_env(stats_file, cfg.product_plugin)
+    if stats_file and os.path.exists(stats_file):
+        os.remove(stats_file)
+    pair = model_pair(cfg)
+    import sglang
+
+    return sglang.Engine(**engine_kwargs(cfg, pair))
+
+
+def server_cli_args(cfg: EngineConfig, port: int, pair: Optional[models.ModelPair] = None) -> list[str]:
+    """``python -m sglang.launch_server`` arguments equivalent to :func:`engine_kwargs`."""
+    args = ["--host", "127.0.0.1", "--port", str(port)]
+    for key, value in engine_kwargs(cfg, pair).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                args.append(flag)
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    base_url: str
+    log_path: str
+    stats_file: Optional[str]
+
+    def stats(self) -> dict[str, Any]:
+        return read_stats(self.stats_file) if self.stats_file else {}
+
+    def get_json(self, path: str, timeout: float = 30) -> Any:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
+            return json.loads(r.read().decode())
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+
+
+def launch_server(
+    cfg: EngineConfig, log_path: str, stats_file: Optional[str] = None, timeout: float = 240
+) -> ServerProcess:
+    """Run ``python -m sglang.launch_server`` in its own process group and wait until it answers a generate."""
+    pair = model_pair(cfg)
+    port = free_port()
+    env = dict(os.environ)
+    env.update(cpu_env(stats_file, cfg.product_plugin))
+    if not stats_file:
+        env.pop(STATS_ENV, None)
+    elif os.path.exists(stats_file):
+        os.remove(stats_file)
+    cmd = [sys.executable, "-m", "sglang.launch_server", *server_cli_args(cfg, port, pair), "--skip-server-warmup"]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path, stats_file)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang.launch_server exited with {proc.returncode}:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(server.base_url + "/health_generate", timeout=20) as r:
+                if r.status == 200:
+                    return server
+        except Exception:
+            time.sleep(1.0)
+    server.stop()
+    raise TimeoutError(f"sglang.launch_server did not become healthy in {timeout} s:\n{server.log_tail()}")

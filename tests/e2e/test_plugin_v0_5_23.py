@@ -1,0 +1,91 @@
+"""SGLang 0.5.23 + the product plugin: greedy EAGLE3 under the overlap scheduler is token-identical with the plugin on,
+with it off (``SGLANG_EAGLE_OVERLAP=0``) and without speculation, for JSON-schema / regex / EBNF / mixed batches.
+
+Both model pairs (random weights: drafts mostly rejected; json-follower: drafts mostly accepted), topk 1 and topk 4.
+The plugin's scheduler-side stats (``SGLANG_EAGLE_OVERLAP_STATS_FILE``, written by the scheduler process) prove its
+mask path ran there; with the plugin off no such file appears. Engine starts: 2 pairs x (non-spec + 2 variants x
+on/off) = 10, one at a time (the pool keeps one engine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_eo_cpu_runtime.engine import EngineConfig
+from sglang_eo_cpu_runtime.models import FOLLOWER_SCHEMA
+
+from .common import EBNF, GREEDY, PROMPTS, REGEX, output_ids, schema_str
+
+pytestmark = [pytest.mark.engine, pytest.mark.sglang_0_5_23]
+
+PLUGIN_STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
+PARAMS = dict(GREEDY, max_new_tokens=40)
+CASES = {
+    "json_schema": (PROMPTS[:3], [dict(PARAMS, json_schema=schema_str(FOLLOWER_SCHEMA))] * 3),
+    "regex_ebnf": (PROMPTS[:2], [dict(PARAMS, regex=REGEX), dict(PARAMS, ebnf=EBNF)]),
+    "mixed_batch": (
+        [PROMPTS[0], PROMPTS[1], PROMPTS[3]],
+        [dict(PARAMS, json_schema=schema_str(FOLLOWER_SCHEMA)), PARAMS, dict(PARAMS, regex=REGEX)],
+    ),
+}
+
+
+def _run_all(engine):
+    out = {}
+    for name, (prompts, params) in CASES.items():
+        res = engine.generate(prompt=prompts, sampling_params=params)
+        out[name] = [(r["text"], output_ids(r), r["meta_info"]["finish_reason"]) for r in res]
+    return out
+
+
+def _run(engine_pool, cfg: EngineConfig):
+    key = ("plugin-0.5.23", cfg)
+    if key not in engine_pool.cache:
+        stats_path = os.path.join(engine_pool.tmp_dir, f"plugin-stats-{cfg.describe()}.json")
+        if os.path.exists(stats_path):
+            os.remove(stats_path)
+        os.environ[PLUGIN_STATS_ENV] = stats_path  # inherited by the spawned scheduler
+        engine = engine_pool.get(cfg)
+        results = _run_all(engine)
+        plugin_stats = None
+        if os.path.exists(stats_path):
+            with open(stats_path) as f:
+                plugin_stats = json.load(f)
+        engine_pool.cache[key] = (results, plugin_stats, engine_pool.stats())
+    return engine_pool.cache[key]
+
+
+@pytest.fixture(scope="module", params=["random", "follower"])
+def pair(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def baseline(engine_pool, pair):
+    return _run(engine_pool, EngineConfig(pair=pair, spec=None, overlap=True, product_plugin=False))[0]
+
+
+@pytest.mark.parametrize("spec", ["topk1", "topk4"])
+def test_plugin_on_off_nonspec_token_identical(engine_pool, pair, baseline, spec):
+    on, on_stats, on_runtime = _run(engine_pool, EngineConfig(pair=pair, spec=spec, overlap=True,
+                                                              product_plugin=True))
+    off, off_stats, _ = _run(engine_pool, EngineConfig(pair=pair, spec=spec, overlap=True, product_plugin=False))
+    for case in CASES:
+        for i, (got_on, got_off, want) in enumerate(zip(on[case], off[case], baseline[case])):
+            assert got_on[1] == want[1], f"{pair} {spec} {case}[{i}] plugin on != non-spec: {got_on[0]!r} vs {want[0]!r}"
+            assert got_off[1] == want[1], f"{pair} {spec} {case}[{i}] plugin off != non-spec"
+            assert got_on[0] == want[0] and got_on[2] == want[2]
+    # The plugin's path ran in the scheduler process, and only when switched on.
+    assert on_stats is not None, "plugin on, but the scheduler wrote no plugin stats (mask path never ran)"
+    assert on_stats["active"] is True and on_stats["steps"] > 0 and on_stats["tokens_advanced"] > 0, on_stats
+    assert on_stats["pid"] != os.getpid()
+    assert on_stats["aborts"] == 0 and on_stats["ledger_resets"] == 0, on_stats
+    assert off_stats is None, f"plugin off (SGLANG_EAGLE_OVERLAP=0) but it wrote stats: {off_stats}"
+    # Overlap stayed on for grammar decode batches, and the runtime saw no errors.
+    assert on_runtime.get("runtime_errors") == [], on_runtime
+    assert on_runtime.get("overlap_enabled") is True
+    assert on_runtime.get("grammar_decode_batches", 0) > 0
+    assert on_runtime.get("overlap_disabled_grammar_decode_batches") == 0, on_runtime
