@@ -133,6 +133,8 @@ class Scenario:
             before = [(_root_fill(r.grammar, self.vocab), len(r.grammar.accepted_tokens))
                       for r in self.ours if r.grammar is not None]
             builder = TreeMaskBuilder(strategy=strategy, threads=threads)
+            if threads > 1:
+                builder.parallel_min_fills = 1  # every lockstep round on the C++ thread pool (the cutoff is a speed knob)
             got = builder.build(reqs, self.nxt, self.sib, self.tok, self.vocab)
             label = f"strategy={strategy} threads={threads}"
             if ref is None:
