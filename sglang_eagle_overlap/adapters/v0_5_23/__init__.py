@@ -10,6 +10,13 @@
 ``ScheduleBatch.grammar_needs_sync()``) and already calls the barrier inside verify, so no scheduler hook is needed;
 the contract test pins that behaviour. ``--speculative-algorithm EAGLE3`` is used unchanged.
 
+Other versions: an AST comparison of the released wheels (0.5.17-0.5.23) finds ``GrammarTree``,
+``build_grammar_vocab_mask``, ``generate_token_bitmask``, ``Scheduler._advance_pending_grammar`` and
+``is_disable_overlap_for_batch`` identical; ``advance_grammar_fsm`` differs only in the stride lookup (0.5.17-0.5.19
+read ``speculative_num_draft_tokens``; this adapter falls back to it), and before 0.5.23 a rejected token aborted with a
+bare ``FINISH_ABORT()``. ``run_eagle_verify`` changed elsewhere but calls the two spec_utils targets the same way. So
+0.5.17-0.5.22 could likely share this adapter, but they are NOT listed in ``BANDS`` until tested.
+
 Every hook passes through to SGLang's code until :meth:`Adapter.activate` (called by ``plugin.load`` only after all
 hooks landed).
 """
