@@ -118,7 +118,13 @@ class TreeMaskBuilder:
         self.pin_memory = pin_memory
         self._batch_matcher: Any = None
         self._serial_matcher: Any = None
-        self.parallel_min_fills = 16  # lockstep: smaller rounds of fills are not worth a thread-pool wake-up
+        # Lockstep thread policy: waking xgrammar's C++ pool costs ~0.1 ms on an idle host and up to several ms on a
+        # busy 2-core one, more than a round of cheap fills (most JSON states fill in a few us). A round goes to the
+        # pool only if it has >= ``parallel_min_fills`` fills and its estimated serial cost (fills x running average
+        # cost per fill) is >= ``parallel_min_work_s``.
+        self.parallel_min_fills = 2
+        self.parallel_min_work_s = 2e-3
+        self._fill_cost_s = 20e-6
         self._buf: Optional[torch.Tensor] = None
         self.timeouts = 0  # observable: requests that hit the time limit since creation
 
@@ -156,6 +162,12 @@ class TreeMaskBuilder:
                 f"retrieve_next_token must be [batch={bs}, nodes], got {tuple(retrieve_next_token.shape)}"
             )
         n = retrieve_next_token.shape[1]
+        if tuple(retrieve_next_sibling.shape) != (bs, n) or draft_tokens.numel() != bs * n:
+            raise ValueError(
+                f"verify tree tensors disagree: retrieve_next_token {tuple(retrieve_next_token.shape)}, "
+                f"retrieve_next_sibling {tuple(retrieve_next_sibling.shape)}, draft_tokens "
+                f"{tuple(draft_tokens.shape)}; expected [{bs}, {n}] each (draft tokens may be flat [{bs * n}])"
+            )
         constrained = [i for i, r in enumerate(requests) if r.matcher is not None or r.grammar is not None]
         if not constrained:
             return TreeMask(bitmask=None, build_s=time.perf_counter() - t0)
@@ -248,10 +260,17 @@ class TreeMaskBuilder:
 
         if self._batch_matcher is None:
             self._batch_matcher = xgr.BatchGrammarMatcher(self.threads)
-            # Waking the C++ thread pool costs ~50-100 us per call on a busy 2-core host, more than a small round of
-            # fills; rounds below ``parallel_min_fills`` run on the calling thread instead.
             self._serial_matcher = xgr.BatchGrammarMatcher(1) if self.threads > 1 else self._batch_matcher
-        threaded, serial, cutoff = self._batch_matcher, self._serial_matcher, self.parallel_min_fills
+        threaded, serial = self._batch_matcher, self._serial_matcher
+        min_fills, min_work = self.parallel_min_fills, self.parallel_min_work_s
+
+        def fill(matchers, rows_) -> None:
+            k = len(matchers)
+            pooled = threaded is not serial and k >= min_fills and k * self._fill_cost_s >= min_work
+            t = time.perf_counter()
+            (threaded if pooled else serial).batch_fill_next_token_bitmask(matchers, mask, rows_)
+            per_fill = (time.perf_counter() - t) / k * (self.threads if pooled else 1)
+            self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
         mask_np = mask.numpy()
         walkers: List[_Walker] = []
         fill_matchers: List[Any] = []
@@ -267,8 +286,7 @@ class TreeMaskBuilder:
         valid = 0
         # Round 0: every root.
         if fill_matchers:
-            bm = threaded if len(fill_matchers) >= cutoff else serial
-            bm.batch_fill_next_token_bitmask(fill_matchers, mask, fill_rows)
+            fill(fill_matchers, fill_rows)
             valid += len(fill_matchers)
         active = walkers
         while active:
@@ -287,8 +305,7 @@ class TreeMaskBuilder:
                     fill_rows.append(row)
                     still.append(w)
             if fill_matchers:
-                bm = threaded if len(fill_matchers) >= cutoff else serial
-                bm.batch_fill_next_token_bitmask(fill_matchers, mask, fill_rows)
+                fill(fill_matchers, fill_rows)
                 valid += len(fill_matchers)
             active = still
         return valid

@@ -134,7 +134,8 @@ class Scenario:
                       for r in self.ours if r.grammar is not None]
             builder = TreeMaskBuilder(strategy=strategy, threads=threads)
             if threads > 1:
-                builder.parallel_min_fills = 1  # every lockstep round on the C++ thread pool (the cutoff is a speed knob)
+                # Every lockstep round on the C++ thread pool (the policy is only a speed knob).
+                builder.parallel_min_fills, builder.parallel_min_work_s = 1, 0.0
             got = builder.build(reqs, self.nxt, self.sib, self.tok, self.vocab)
             label = f"strategy={strategy} threads={threads}"
             if ref is None:
@@ -320,5 +321,9 @@ def test_rejects_bad_shapes():
     reqs = [mask_request_for(r) for r in sc.ours]
     with pytest.raises(ValueError, match="retrieve_next_token"):
         TreeMaskBuilder(strategy="lockstep").build(reqs[:1], sc.nxt, sc.sib, sc.tok, sc.vocab)
+    with pytest.raises(ValueError, match="retrieve_next_sibling"):
+        TreeMaskBuilder(strategy="lockstep").build(reqs, sc.nxt, sc.sib[:, :3], sc.tok, sc.vocab)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        TreeMaskBuilder(strategy="native").build(reqs, sc.nxt, sc.sib, sc.tok[:, :3], sc.vocab)
     with pytest.raises(ValueError, match="strategy"):
         TreeMaskBuilder(strategy="bogus")  # type: ignore[arg-type]
