@@ -14,7 +14,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core import AcceptLedger, HostTreeCopier, MaskRequest, TreeMaskBuilder
 
-__all__ = ["Hook", "PluginState", "STATE", "mask_request_for", "register_hooks", "verify_hooks", "resolve_attr"]
+__all__ = [
+    "BandAdapter",
+    "Hook",
+    "PluginState",
+    "STATE",
+    "importable_callers",
+    "mask_request_for",
+    "register_hooks",
+    "resolve_attr",
+    "verify_hooks",
+]
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -166,3 +176,46 @@ def mask_request_for(req: Any) -> MaskRequest:
     if type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher"):
         return MaskRequest(matcher=grammar.matcher, request_id=rid)
     return MaskRequest(grammar=grammar, request_id=rid)
+
+
+def importable_callers(hooks: Tuple[Hook, ...]) -> Tuple[Hook, ...]:
+    """Drop caller modules that cannot be imported in this process (e.g. CUDA-only kernels on a CPU host).
+
+    A module that cannot be imported cannot call the target; one imported later does ``from X import Y`` against the
+    already patched ``X`` and so gets the hook. Only an imported module with a stale binding is a miss.
+    """
+    import dataclasses
+    import importlib
+
+    out = []
+    for h in hooks:
+        keep = []
+        for mod_name, attr in h.callers:
+            try:
+                importlib.import_module(mod_name)
+            except Exception as exc:  # ImportError, or a kernel registration failing on this host
+                logger.debug("sglang-eagle-overlap: caller %s not importable here (%s); not checked", mod_name, exc)
+                continue
+            keep.append((mod_name, attr))
+        out.append(dataclasses.replace(h, callers=tuple(keep)))
+    return tuple(out)
+
+
+class BandAdapter:
+    """The adapter contract (see ``adapters/__init__.py``) shared by every SGLang band; a band sets name + hooks."""
+
+    name: str = ""
+    hooks: Tuple[Hook, ...] = ()
+
+    def register(self, registry: Any) -> None:
+        register_hooks(registry, self.hooks)
+
+    def verify(self) -> List[str]:
+        return verify_hooks(importable_callers(self.hooks))
+
+    def activate(self) -> None:
+        STATE.active = True
+
+    def deactivate(self) -> None:
+        """For tests: back to pass-through."""
+        STATE.active = False

@@ -23,12 +23,10 @@ hooks landed).
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import logging
 from typing import Any, List, Tuple
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook, register_hooks, verify_hooks
+from sglang_eagle_overlap.adapters.common import STATE, BandAdapter, Hook, importable_callers
 from sglang_eagle_overlap.adapters.v0_5_23 import (
     hook_advance_grammar_fsm,
     hook_build_grammar_vocab_mask,
@@ -46,43 +44,15 @@ HOOKS: Tuple[Hook, ...] = (
 )
 
 
-def importable_callers(hooks: Tuple[Hook, ...]) -> Tuple[Hook, ...]:
-    """Drop caller modules that cannot be imported in this process (e.g. CUDA-only kernels on a CPU host).
-
-    A module that cannot be imported cannot call the target; one imported later does ``from X import Y`` against the
-    already patched ``X`` and so gets the hook. Only an imported module with a stale binding is a miss.
-    """
-    out = []
-    for h in hooks:
-        keep = []
-        for mod_name, attr in h.callers:
-            try:
-                importlib.import_module(mod_name)
-            except Exception as exc:  # ImportError, or a kernel registration failing on this host
-                logger.debug("sglang-eagle-overlap: caller %s not importable here (%s); not checked", mod_name, exc)
-                continue
-            keep.append((mod_name, attr))
-        out.append(dataclasses.replace(h, callers=tuple(keep)))
-    return tuple(out)
 
 
-class Adapter:
+class Adapter(BandAdapter):
     name = "sglang-0.5.23"
     hooks = HOOKS
 
     def register(self, registry: Any) -> None:
         hook_grammar_tree.capture_original()
-        register_hooks(registry, self.hooks)
-
-    def verify(self) -> List[str]:
-        return verify_hooks(importable_callers(self.hooks))
-
-    def activate(self) -> None:
-        STATE.active = True
-
-    def deactivate(self) -> None:
-        """For tests: back to pass-through."""
-        STATE.active = False
+        super().register(registry)
 
 
 ADAPTER = Adapter()
