@@ -95,7 +95,10 @@ def _default_threads() -> int:
     env = os.environ.get("SGLANG_EAGLE_OVERLAP_MASK_THREADS")
     if env:
         return max(1, int(env))
-    return max(1, min(8, os.cpu_count() or 1))
+    # Measured (benchmarks/results/grammar_step.md): on 2 cores the second fill thread competes with the scheduler
+    # and loses at batch >= 32; use half the cores beyond that.
+    cores = os.cpu_count() or 1
+    return 1 if cores <= 2 else min(8, cores // 2)
 
 
 class TreeMaskBuilder:
@@ -112,7 +115,7 @@ class TreeMaskBuilder:
             raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
         self.threads = threads if threads is not None else _default_threads()
         if strategy == "auto":
-            strategy = "lockstep" if self.threads > 1 else "native"
+            strategy = "lockstep"
         self.strategy: MaskStrategy = strategy
         self.time_limit_s = time_limit_s
         self.pin_memory = pin_memory
