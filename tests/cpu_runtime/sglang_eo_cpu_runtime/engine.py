@@ -57,7 +57,7 @@ SPEC_VARIANTS: dict[str, dict[str, int]] = {
 class EngineConfig:
     """One engine configuration; equal configs can share a running engine."""
 
-    pair: Literal["random", "follower"] = "random"
+    pair: Literal["random", "follower", "noisy-follower"] = "random"
     spec: SpecVariant = "topk1"
     overlap: bool = True
     product_plugin: bool = False  # False sets SGLANG_EAGLE_OVERLAP=0 (the product plugin honours it)
@@ -72,10 +72,18 @@ class EngineConfig:
         )
 
 
+# Noise of the "noisy-follower" pair: its target follows the chain ~2/3 of the time, context-dependent otherwise.
+NOISY_FOLLOWER_NOISE = 0.15
+
+
 def model_pair(cfg: EngineConfig) -> models.ModelPair:
     if cfg.pair == "follower":
         return models.build_follower_pair(cfg.vocab_size)
-    return models.build_random_pair(cfg.vocab_size)
+    if cfg.pair == "noisy-follower":
+        return models.build_follower_pair(cfg.vocab_size, noise=NOISY_FOLLOWER_NOISE)
+    if cfg.pair == "random":
+        return models.build_random_pair(cfg.vocab_size)
+    raise ValueError(f"unknown model pair {cfg.pair!r}; expected 'random', 'follower' or 'noisy-follower'")
 
 
 def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> dict[str, str]:

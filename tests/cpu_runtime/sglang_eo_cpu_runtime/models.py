@@ -395,8 +395,15 @@ def follower_chain(tok_dir: Path) -> list[int]:
     return ids
 
 
-def build_follower_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int = 4) -> ModelPair:
-    """Hand-set target + EAGLE3 draft that write :data:`FOLLOWER_DOCUMENT` then eos (see the module docstring)."""
+def build_follower_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int = 4, noise: float = 0.0) -> ModelPair:
+    """Hand-set target + EAGLE3 draft that write :data:`FOLLOWER_DOCUMENT` then eos (see the module docstring).
+
+    ``noise > 0`` gives the target's attention and MLP outputs random weights of that standard deviation instead of
+    zeros: the target then usually, but not always, follows the chain, and where it deviates its choice depends on
+    the whole context (KV cache). Drafts are still often accepted, so comparing such a pair's speculative output with
+    its non-speculative output checks the accept paths (KV bookkeeping after multi-token acceptance), which the
+    random pair, whose drafts are almost never accepted, cannot.
+    """
     tok_dir = build_tokenizer(vocab_size, seed)
     n_vocab, eos_id, pad_id = _special_ids(tok_dir)
     chain = follower_chain(tok_dir) + [eos_id]
@@ -425,9 +432,10 @@ def build_follower_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int =
 
         config = _llama_config(n_vocab, eos_id, pad_id, num_layers)
         state: dict[str, torch.Tensor] = {"model.embed_tokens.weight": embed, "lm_head.weight": head}
+        noise_gen = torch.Generator().manual_seed(seed + 13)
         for i in range(num_layers):
-            state[f"model.layers.{i}.self_attn.o_proj.weight"] = torch.zeros(H, H)
-            state[f"model.layers.{i}.mlp.down_proj.weight"] = torch.zeros(H, 2 * H)
+            state[f"model.layers.{i}.self_attn.o_proj.weight"] = torch.randn(H, H, generator=noise_gen) * noise
+            state[f"model.layers.{i}.mlp.down_proj.weight"] = torch.randn(H, 2 * H, generator=noise_gen) * noise
         _save_target(out / "target", tok_dir, config, state, seed)
 
         # Draft: fc copies the first aux state; the MLP steps slot(t) -> slot(succ t); lm_head as the target's.
@@ -456,5 +464,5 @@ def build_follower_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int =
         _save_draft(out / "draft", tok_dir, n_vocab, n_vocab, eos_id, pad_id, tensors,
                     [0, num_layers // 2 - 1, num_layers - 2])
 
-    root = _cached(_key("follower-pair", vocab_size=vocab_size, seed=seed, layers=num_layers), build)
+    root = _cached(_key("follower-pair", vocab_size=vocab_size, seed=seed, layers=num_layers, noise=noise), build)
     return ModelPair(str(root / "target"), str(root / "draft"), n_vocab, eos_id, tuple(chain))
