@@ -4,6 +4,7 @@ JSON and free text, a bad schema fails only its own request, an aborted request 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,8 +67,6 @@ def test_json_and_free_text_concurrently(server):
             assert json.loads(out["text"]) == FOLLOWER_DOCUMENT
             assert accept_length(out["meta_info"]) >= 2.0, out["meta_info"]
         elif kind == "regex":
-            import re
-
             assert re.fullmatch(r"(yes|no)\.[0-9]{2}", out["text"]), out["text"]
         else:
             assert out["text"], out

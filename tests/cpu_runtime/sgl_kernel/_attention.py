@@ -16,7 +16,7 @@ Semantics (per request ``b``, KV rows addressed through ``req_to_token[req_pool_
 from __future__ import annotations
 
 import importlib.util
-
+import os
 from typing import Optional
 
 import torch
@@ -158,8 +158,6 @@ def _backend_passes_kv_scales() -> bool:
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         return True
-    import os
-
     path = os.path.join(list(spec.submodule_search_locations)[0], "srt", "layers", "attention", "intel_amx_backend.py")
     try:
         with open(path, encoding="utf-8") as f:
@@ -202,6 +200,3 @@ def register_attention_ops() -> None:
     lib.impl("decode_attention_cpu", _decode, "CPU")
     lib.impl("extend_attention_cpu", _extend, "CPU")
     _LIB = lib
-
-
-
