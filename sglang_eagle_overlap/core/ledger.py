@@ -17,6 +17,8 @@ Invariants, per request key:
 * The same call again (``start`` < ``consumed``) replays the recorded outcome and touches nothing; the tokens must be
   the same ones, or :class:`LedgerConflictError` is raised (two callers disagreeing on what was accepted is a bug).
 * ``start > consumed`` means tokens would be skipped: :class:`LedgerGapError`.
+* A different grammar object under a known key means the host rebuilt the request's matcher: the entry is
+  re-anchored at ``start`` (its history belongs to the old object).
 * A token the grammar rejects stops the run and is reported in ``AdvanceOutcome.error``; the request must be aborted
   by the caller (its matcher state is still consistent: the rejected token was not consumed).
 
@@ -27,7 +29,7 @@ returning ``False`` on rejection) and ``is_terminated() -> bool``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, Optional, Protocol, Sequence, Tuple
+from typing import Collection, Dict, Hashable, Optional, Protocol, Sequence, Tuple
 
 __all__ = [
     "AdvanceOutcome",
@@ -70,6 +72,7 @@ class AdvanceOutcome:
 @dataclass(slots=True)
 class _Entry:
     consumed: int
+    grammar: object = None
     history: Dict[int, AdvanceOutcome] = field(default_factory=dict)
 
 
@@ -102,42 +105,33 @@ class AcceptLedger:
         """Feed ``tokens`` (the run accepted at output position ``start``) to ``grammar`` exactly once."""
         toks = tuple(int(t) for t in tokens)
         entry = self._entries.get(key)
-        if entry is None:
-            # First sight of this request: its matcher has consumed exactly the tokens before ``start``.
-            entry = _Entry(consumed=start)
+        if entry is None or entry.grammar is not grammar:
+            # First sight of this request (or of its rebuilt matcher): it has consumed exactly the tokens before
+            # ``start``.
+            entry = _Entry(consumed=start, grammar=grammar)
             self._entries[key] = entry
-        if start < entry.consumed:
-            past = entry.history.get(start)
-            if past is None:
-                raise LedgerConflictError(
-                    f"request {key!r}: run at position {start} is behind the matcher (consumed {entry.consumed}) "
-                    "and no outcome is remembered for it"
-                )
+        past = entry.history.get(start)
+        if past is not None:
             if past.tokens != toks:
                 raise LedgerConflictError(
                     f"request {key!r}: run at position {start} was advanced with {list(past.tokens)} "
                     f"and is now asked with {list(toks)}"
                 )
             return past
+        if start < entry.consumed:
+            raise LedgerConflictError(
+                f"request {key!r}: run at position {start} is behind the matcher (consumed {entry.consumed}) "
+                "and no outcome is remembered for it"
+            )
         if start > entry.consumed:
             raise LedgerGapError(
                 f"request {key!r}: asked to advance from position {start} but the matcher has consumed only "
                 f"{entry.consumed} tokens; tokens {entry.consumed}..{start - 1} were never fed"
             )
-        if start in entry.history:
-            past = entry.history[start]
-            # A run that retained nothing (terminated grammar, or an empty run) does not move ``consumed``.
-            if past.tokens != toks:
-                raise LedgerConflictError(
-                    f"request {key!r}: run at position {start} was advanced with {list(past.tokens)} "
-                    f"and is now asked with {list(toks)}"
-                )
-            return past
         outcome = _feed(grammar, start, toks)
         self.tokens_fed += len(outcome.retained)
-        entry.consumed = start + len(outcome.retained) if outcome.retained else start
-        # A run that was cut (termination / rejection) still counts as fully delivered for the caller: the next step
-        # of a live request starts after the retained tokens, which is exactly ``consumed``.
+        # A run that was cut (termination / rejection) moves ``consumed`` only past what the matcher really took.
+        entry.consumed = start + len(outcome.retained)
         entry.history[start] = outcome
         if len(entry.history) > self._history:
             for old in sorted(entry.history)[: len(entry.history) - self._history]:
@@ -148,9 +142,17 @@ class AcceptLedger:
         """Drop a request that left the engine (finished, aborted). Safe to call for unknown keys."""
         self._entries.pop(key, None)
 
+    def retain(self, live: Collection[Hashable]) -> int:
+        """Forget every request not in ``live`` (the ones the host can still hand back); returns how many."""
+        gone = [k for k in self._entries if k not in live]
+        for k in gone:
+            del self._entries[k]
+        return len(gone)
+
     def reset(self, key: Hashable, consumed: int) -> None:
-        """Re-anchor a request whose matcher was rebuilt or rolled back by the host (e.g. retokenization)."""
-        self._entries[key] = _Entry(consumed=consumed)
+        """Re-anchor a request whose matcher was rolled back by the host (e.g. retokenization)."""
+        old = self._entries.get(key)
+        self._entries[key] = _Entry(consumed=consumed, grammar=None if old is None else old.grammar)
 
 
 def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOutcome:

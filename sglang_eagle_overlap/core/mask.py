@@ -22,7 +22,8 @@ Strategies (``MaskStrategy``):
 * ``"native"`` -- per-request ``GrammarMatcher.traverse_draft_tree`` (C++ DFS, one thread), rejected rows restored.
 * ``"python"`` -- the generic walk through the host's grammar object API, used for grammars that are not xgrammar
   (llguidance, outlines) whatever the strategy.
-* ``"auto"`` -- ``lockstep`` when more than one thread is available, else ``native``.
+* ``"auto"`` -- ``lockstep`` (measured fastest or on par at every shape of ``benchmarks/bench_grammar_step.py``,
+  with one or more threads).
 
 Time limit: if the build for a request exceeds ``time_limit_s`` the request is reported in
 ``TreeMask.timed_out``. Its root row is always exact (roots are filled first); its other rows are left all-allowed,
@@ -38,7 +39,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Literal, Optional, Protocol, Sequence, Tuple
+from typing import Any, List, Literal, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 
@@ -53,6 +54,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class _Default:
+    """Sentinel type: "use the builder's own time limit"."""
+
+
+_DEFAULT = _Default()
 
 MaskStrategy = Literal["auto", "lockstep", "native", "python"]
 
@@ -150,11 +158,14 @@ class TreeMaskBuilder:
         draft_tokens: torch.Tensor,
         vocab_size: int,
         out: Optional[torch.Tensor] = None,
+        time_limit_s: Union[float, None, _Default] = _DEFAULT,
     ) -> TreeMask:
         """Fill the tree mask. Tensors are host tensors shaped ``[bs, n]`` (draft tokens may be flat ``[bs * n]``).
 
         Call after the previous batch's accepted tokens were fed to the matchers (the ledger) and after the verify
         tree's host copy resolved. Returns ``TreeMask(bitmask=None)`` when no request is constrained.
+        ``time_limit_s`` overrides the builder's limit for this call (None: no limit, for callers that cannot
+        neutralise drafts).
         """
         t0 = time.perf_counter()
         bs = len(requests)
@@ -185,7 +196,8 @@ class TreeMaskBuilder:
         nxt = retrieve_next_token.tolist()
         sib = retrieve_next_sibling.tolist()
         tok = draft_tokens.reshape(bs, n).tolist()
-        deadline = None if self.time_limit_s is None else t0 + self.time_limit_s
+        limit = self.time_limit_s if isinstance(time_limit_s, _Default) else time_limit_s
+        deadline = None if limit is None else t0 + limit
         native = [i for i in constrained if requests[i].matcher is not None]
         generic = [i for i in constrained if requests[i].matcher is None]
         result = TreeMask(bitmask=mask)
@@ -211,7 +223,7 @@ class TreeMaskBuilder:
             for i in result.timed_out:
                 logger.warning(
                     "sglang-eagle-overlap: tree mask for request %s exceeded %.1f ms; this step it accepts only the "
-                    "grammar-masked bonus token", requests[i].request_id or f"row {i}", (self.time_limit_s or 0) * 1e3,
+                    "grammar-masked bonus token", requests[i].request_id or f"row {i}", (limit or 0) * 1e3,
                 )
         result.build_s = time.perf_counter() - t0
         return result
@@ -253,7 +265,7 @@ class TreeMaskBuilder:
             valid += n - nzero
             if not done:
                 # Keep the exact root row, drop everything else (see module docstring).
-                block.fill_(-1)
+                _fill_all_allowed(block)
                 matcher.fill_next_token_bitmask(block, 0)
                 timed_out.append(i)
         return valid
