@@ -8,32 +8,13 @@ full AMX kernel build and would then route linear layers through AMX-only kernel
 Installed only with the ``sglang-eo-cpu-runtime`` test distribution; never ship it next to a real ``sgl_kernel``.
 """
 
+from sgl_kernel import _spec_ops
 from sgl_kernel._attention import register_attention_ops
-from sgl_kernel._spec_ops import (
-    assign_draft_cache_locs_contiguous_cpu,
-    assign_extend_cache_locs_cpu,
-    assign_req_to_token_pool_cpu,
-    build_draft_decode_metadata_cpu,
-    build_tree_kernel_efficient_cpu,
-    copy_all_layer_kv_cache_cpu,
-    fill_accept_out_cache_loc_cpu,
-    fill_bonus_tokens_cpu,
-    verify_tree_greedy_cpu,
-)
+from sgl_kernel._spec_ops import *  # noqa: F401,F403 - the nine *_cpu ops, listed once in _spec_ops.__all__
 
 __version__ = "0.0.0+eo-cpu-runtime"
 
-__all__ = [
-    "assign_draft_cache_locs_contiguous_cpu",
-    "assign_extend_cache_locs_cpu",
-    "assign_req_to_token_pool_cpu",
-    "build_draft_decode_metadata_cpu",
-    "build_tree_kernel_efficient_cpu",
-    "copy_all_layer_kv_cache_cpu",
-    "fill_accept_out_cache_loc_cpu",
-    "fill_bonus_tokens_cpu",
-    "verify_tree_greedy_cpu",
-]
+__all__ = list(_spec_ops.__all__)
 
 # Importing the real sgl_kernel registers its torch ops; the stand-in does the same for the two attention ops.
 register_attention_ops()
