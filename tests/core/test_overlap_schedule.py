@@ -31,6 +31,7 @@ import torch
 xgr = pytest.importorskip("xgrammar")
 
 from sglang_eagle_overlap.core import AcceptLedger, MaskRequest, TreeMaskBuilder  # noqa: E402
+from tests.helpers.trees import Tree, eagle_tree, stack_trees  # noqa: E402
 
 LONG = os.environ.get("SGLANG_EO_LONG") == "1"
 SCHEDULES = 10_000 if LONG else 300
@@ -135,41 +136,10 @@ class Req:
     history: List[int] = field(default_factory=list)
 
 
-def _tree(rng: random.Random, req: Req, topk: int, steps: int, n: int):
-    """EAGLE-like tree rooted at the last committed token; the first child continues the document."""
-    nodes = [(-1, 0, True)]  # (parent, depth, on_doc_path)
-    toks = [req.doc[req.pos - 1] if req.pos else 0]
-    frontier = [0]
-    while len(nodes) < n and frontier:
-        nf = []
-        for p in frontier:
-            for c in range(topk):
-                if len(nodes) >= n:
-                    break
-                _, d, on = nodes[p]
-                k = req.pos + d
-                true = on and c == 0 and k < len(req.doc)
-                nodes.append((p, d + 1, true))
-                toks.append(req.doc[k] if true else rng.choice([rng.randrange(V), rng.randrange(V), V + 3, -1]))
-                nf.append(len(nodes) - 1)
-            if nodes[-1][1] >= steps:
-                break
-        frontier = nf
-    while len(nodes) < n:  # padding: unreachable nodes
-        nodes.append((-2, 0, False))
-        toks.append(0)
-    nxt = [-1] * n
-    sib = [-1] * n
-    last: Dict[int, int] = {}
-    for i, (p, _, _) in enumerate(nodes):
-        if p < 0:
-            continue
-        if p in last:
-            sib[last[p]] = i
-        else:
-            nxt[p] = i
-        last[p] = i
-    return nxt, sib, toks
+def _tree(rng: random.Random, req: Req, topk: int, steps: int, n: int) -> Tree:
+    """EAGLE-like tree rooted at the last committed token; the first child continues the document. Side nodes are
+    random tokens, out-of-vocabulary ids or -1 (almost always grammar-invalid)."""
+    return eagle_tree(rng, topk, steps, n, req.doc[req.pos :], V, p_oov=0.25, extra_tokens=(-1,))
 
 
 def _run_schedule(compiled, seed: int, builder: TreeMaskBuilder) -> int:
@@ -250,9 +220,7 @@ def _run_schedule(compiled, seed: int, builder: TreeMaskBuilder) -> int:
                 pending = None
             batch = [r for r in batch if not r.finished]
             trees = [_tree(rng, r, topk, steps, n) for r in batch]
-            nxt = torch.tensor([t[0] for t in trees], dtype=torch.int64)
-            sib = torch.tensor([t[1] for t in trees], dtype=torch.int64)
-            tok = torch.tensor([t[2] for t in trees], dtype=torch.int64)
+            nxt, sib, tok = stack_trees(trees)
             mreqs = [
                 MaskRequest(matcher=r.plugin.m if (r in constrained_rows and not r.finished) else None, request_id=r.rid)
                 for r in batch
@@ -261,7 +229,7 @@ def _run_schedule(compiled, seed: int, builder: TreeMaskBuilder) -> int:
             for i, r in enumerate(batch):
                 want = torch.full((n, W), -1, dtype=torch.int32)
                 if r in constrained_rows and not r.finished:
-                    _reference_mask(r.ref.m, trees[i][0], trees[i][1], trees[i][2], want)
+                    _reference_mask(r.ref.m, trees[i].nxt, trees[i].sib, trees[i].tok, want)
                 rows_got = got.bitmask[i * n : (i + 1) * n] if got.bitmask is not None else want.fill_(-1)
                 assert torch.equal(rows_got, want), f"seed {seed} step {step} {r.rid}: mask rows differ"
                 checks += 1
