@@ -23,12 +23,7 @@ VOCAB = 32000
 
 
 def _fill(m) -> torch.Tensor:
-    import xgrammar as xgr
-
-    bm = xgr.allocate_token_bitmask(1, VOCAB)
-    if not m.is_terminated():
-        m.fill_next_token_bitmask(bm, 0)
-    return bm
+    return G.next_token_bitmask(m, VOCAB)
 
 
 class Sim:

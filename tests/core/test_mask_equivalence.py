@@ -51,15 +51,6 @@ def upstream_mask(reqs, nxt, sib, tok, vocab) -> Optional[torch.Tensor]:
     return None if out is None else out.clone()
 
 
-def _root_fill(grammar, vocab) -> torch.Tensor:
-    import xgrammar as xgr
-
-    bm = xgr.allocate_token_bitmask(1, vocab)
-    if not grammar.is_terminated():
-        grammar.fill_vocab_mask(bm, 0)
-    return bm
-
-
 def node_states(matcher, tree: Tree, vocab: int) -> List[str]:
     """Independent recursive reference: 'open' (row filled), 'terminal' or 'invalid' (row stays -1) per node."""
     n = len(tree.tok)
@@ -130,7 +121,7 @@ class Scenario:
         ref = self.reference()
         reqs = [mask_request_for(r) for r in self.ours] if wrap is None else wrap(self.ours)
         for strategy, threads in configs:
-            before = [(_root_fill(r.grammar, self.vocab), len(r.grammar.accepted_tokens))
+            before = [(G.next_token_bitmask(r.grammar.matcher, self.vocab), len(r.grammar.accepted_tokens))
                       for r in self.ours if r.grammar is not None]
             builder = TreeMaskBuilder(strategy=strategy, threads=threads)
             if threads > 1:
@@ -158,7 +149,7 @@ class Scenario:
                         assert bool((rows[node] == -1).all()), f"{label}: req {i} {st} node {node} must be -1"
                 assert torch.equal(rows, ref[i * self.n : (i + 1) * self.n]), f"{label}: req {i}"
             assert torch.equal(got.bitmask, ref), label
-            after = [(_root_fill(r.grammar, self.vocab), len(r.grammar.accepted_tokens))
+            after = [(G.next_token_bitmask(r.grammar.matcher, self.vocab), len(r.grammar.accepted_tokens))
                      for r in self.ours if r.grammar is not None]
             for (b, bl), (a, al) in zip(before, after):
                 assert torch.equal(a, b) and al == bl, f"{label}: matcher not restored"
@@ -276,7 +267,7 @@ def test_time_limit(strategy):
     sc = Scenario("nested", 128000, 8, 5, 64, 3, seed=16, near_end=0.0)
     ref = sc.reference()
     reqs = [mask_request_for(r) for r in sc.ours]
-    before = [_root_fill(r.grammar, sc.vocab) for r in sc.ours]
+    before = [G.next_token_bitmask(r.grammar.matcher, sc.vocab) for r in sc.ours]
     builder = TreeMaskBuilder(strategy=strategy, threads=2, time_limit_s=1e-9)
     got = builder.build(reqs, sc.nxt, sc.sib, sc.tok, sc.vocab)
     n = sc.n
@@ -292,7 +283,8 @@ def test_time_limit(strategy):
             assert bool((rows[1:] == -1).all()), f"req {i}: non-root rows must be all-allowed"
         else:
             assert torch.equal(rows, ref[i * n : (i + 1) * n])
-        assert torch.equal(_root_fill(sc.ours[i].grammar, sc.vocab), before[i]), f"req {i}: matcher not restored"
+        after = G.next_token_bitmask(sc.ours[i].grammar.matcher, sc.vocab)
+        assert torch.equal(after, before[i]), f"req {i}: matcher not restored"
     # Matchers stay usable: a build without a limit is exact afterwards.
     again = TreeMaskBuilder(strategy=strategy, threads=2).build(reqs, sc.nxt, sc.sib, sc.tok, sc.vocab)
     assert torch.equal(again.bitmask, ref)

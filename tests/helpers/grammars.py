@@ -18,6 +18,8 @@ __all__ = [
     "EBNF",
     "REGEX",
     "compiled",
+    "matcher",
+    "next_token_bitmask",
     "doc_text",
     "doc_tokens",
     "nested_doc_text",
@@ -217,6 +219,17 @@ def matcher(grammar: str, vocab_size: int, prefix: List[int] = ()) -> Any:
         if not m.accept_token(int(t)):
             raise ValueError(f"prefix token {t} rejected by {grammar}")
     return m
+
+
+def next_token_bitmask(m: Any, vocab_size: int) -> Any:
+    """One-row xgrammar bitmask of the tokens ``m`` (an ``xgrammar.GrammarMatcher``) allows next; all-allowed (-1)
+    once it terminated."""
+    import xgrammar as xgr
+
+    bm = xgr.allocate_token_bitmask(1, vocab_size)
+    if not m.is_terminated():
+        m.fill_next_token_bitmask(bm, 0)
+    return bm
 
 
 def ensure_sglang_importable() -> None:

@@ -36,12 +36,11 @@ def num_draft_tokens(topk: int, steps: int) -> int:
 
 def allowed_tokens(matcher, vocab_size: int) -> np.ndarray:
     """Token ids the matcher allows next (empty if terminated)."""
-    import xgrammar as xgr
+    from tests.helpers.grammars import next_token_bitmask
 
     if matcher.is_terminated():
         return np.zeros(0, dtype=np.int64)
-    bm = xgr.allocate_token_bitmask(1, vocab_size)
-    matcher.fill_next_token_bitmask(bm, 0)
+    bm = next_token_bitmask(matcher, vocab_size)
     bits = np.unpackbits(bm.numpy().view(np.uint8), bitorder="little")[:vocab_size]
     return np.nonzero(bits)[0]
 
