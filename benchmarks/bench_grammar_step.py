@@ -34,7 +34,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +112,7 @@ def _digest(mask):
     return hashlib.sha1(mask.numpy().tobytes()).hexdigest() if mask is not None else None
 
 
-def run_sglang(grammar, vocab, plan, bs, n, warmup, stride):
+def run_sglang(grammar, vocab, plan, bs, warmup, stride):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
     from sglang.srt.speculative import spec_utils
 
@@ -167,7 +166,7 @@ class FillClock:
         self.cls.batch_fill_next_token_bitmask = self.orig
 
 
-def run_plugin(grammar, vocab, plan, bs, n, warmup, stride, strategy, threads, fill_clock=None):
+def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill_clock=None):
     from sglang_eagle_overlap.adapters.common import mask_request_for
     from sglang_eagle_overlap.core import AcceptLedger, TreeMaskBuilder
 
@@ -230,15 +229,15 @@ def main(argv=None) -> int:
                 stride = steps + 1
                 plan = make_plan(grammar, vocab, topk, steps, bs_max, n_steps, seed=args.seed + hash((grammar, topk)) % 1000)
                 for bs in batches:
-                    up_t, up_d = run_sglang(grammar, vocab, plan, bs, n, warmup, stride)
+                    up_t, up_d = run_sglang(grammar, vocab, plan, bs, warmup, stride)
                     row = dict(vocab=vocab, grammar=grammar, topk=topk, steps=steps, nodes=n, bs=bs,
                                sglang_ms=statistics.median(up_t) * 1e3)
                     with FillClock() as clock:  # a separate lockstep run: the timing columns stay uninstrumented
-                        _, d, f = run_plugin(grammar, vocab, plan, bs, n, warmup, stride, "lockstep", 1, clock)
+                        _, d, f = run_plugin(grammar, vocab, plan, bs, warmup, stride, "lockstep", 1, clock)
                     row["fill_ms"] = statistics.median(f) * 1e3
                     row["ratio_bound"] = row["sglang_ms"] / max(row["fill_ms"], 1e-6)
                     for strategy, threads in PLUGIN_CONFIGS:
-                        t, d = run_plugin(grammar, vocab, plan, bs, n, warmup, stride, strategy, threads)
+                        t, d = run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads)
                         if d != up_d:
                             raise SystemExit(f"MASK MISMATCH vs SGLang: {grammar} vocab={vocab} topk={topk} bs={bs} "
                                              f"{strategy}/{threads}")

@@ -67,7 +67,7 @@ def eagle_tree(
     parent = [-1]
     depth = [0]
     children: List[List[int]] = [[]]
-    tok = [int(truth[0]) if False else 0]  # the root's token is never read by the mask builders
+    tok = [0]  # the root's token is never read by the mask builders
     # Main path: first child at each depth is the true continuation.
     for d in range(1, steps + 1):
         if len(parent) >= real:
