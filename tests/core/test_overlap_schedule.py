@@ -243,7 +243,8 @@ def _run_schedule(compiled, seed: int, builder: TreeMaskBuilder) -> int:
         pending = (batch, accepted)
         # --- invariants after every step ---------------------------------------------------------------------
         for r in reqs.values():
-            assert r.plugin.is_terminated() == r.ref.is_terminated() or r.pos < len(r.ref.consumed)
+            # the barrier and post-processing of the previous step both ran: plugin and reference agree now
+            assert r.plugin.is_terminated() == r.ref.is_terminated(), (seed, step, r.rid)
     if pending is not None:
         postprocess(*pending)
     for r in reqs.values():
