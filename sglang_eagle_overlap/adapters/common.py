@@ -6,16 +6,33 @@ module itself imports no SGLang.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
-from sglang_eagle_overlap.core import AcceptLedger, HostTreeCopier, MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import (
+    AcceptLedger,
+    AdvanceOutcome,
+    HostTreeCopier,
+    LedgerConflictError,
+    LedgerGapError,
+    MaskRequest,
+    PendingTree,
+    TreeMask,
+    TreeMaskBuilder,
+    neutralize_timed_out_drafts,
+)
 
 __all__ = [
     "BandAdapter",
+    "abort_rejected",
+    "advance",
+    "mask_step",
+    "prune_ledger",
+    "report",
     "Hook",
     "PluginState",
     "STATE",
@@ -107,27 +124,32 @@ def verify_hooks(hooks: Sequence[Hook]) -> List[str]:
 
 @dataclass
 class StepStats:
-    """Operator-facing counters of the plugin's grammar work (per process)."""
+    """Operator-facing numbers of the plugin's grammar work (per process).
+
+    ``grammar_s`` is what one verify step spends on the CPU between the verify launch and the mask upload: ledger
+    advance (barrier) + tree-copy wait + mask build. ``counters`` holds the adapters' event counts.
+    """
 
     steps: int = 0
-    grammar_s: float = 0.0  # ledger advance + tree wait + mask build, summed
+    grammar_s: float = 0.0
     advance_s: float = 0.0
     tree_wait_s: float = 0.0
     mask_s: float = 0.0
     mask_timeouts: int = 0
-    tokens_advanced: int = 0
     last: Dict[str, float] = field(default_factory=dict)
+    counters: Dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> Dict[str, float]:
-        return {
-            "steps": self.steps,
-            "grammar_s": self.grammar_s,
-            "advance_s": self.advance_s,
-            "tree_wait_s": self.tree_wait_s,
-            "mask_s": self.mask_s,
-            "mask_timeouts": self.mask_timeouts,
-            "tokens_advanced": self.tokens_advanced,
-        }
+    def count(self, name: str, k: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + k
+
+    def record_step(self, advance_s: float, tree_wait_s: float, mask_s: float, timeouts: int, bs: int) -> None:
+        self.steps += 1
+        self.advance_s += advance_s
+        self.tree_wait_s += tree_wait_s
+        self.mask_s += mask_s
+        self.grammar_s += advance_s + tree_wait_s + mask_s
+        self.mask_timeouts += timeouts
+        self.last = {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs)}
 
 
 class PluginState:
@@ -141,6 +163,7 @@ class PluginState:
         self._builder: Optional[TreeMaskBuilder] = None
         self._limit_s = None if limit_ms <= 0 else limit_ms / 1e3
         self.stats = StepStats()
+        self.upload_event: Any = None  # fence: the builder's host buffer is reused by the next build
 
     @property
     def builder(self) -> TreeMaskBuilder:
@@ -151,8 +174,23 @@ class PluginState:
             self._builder = TreeMaskBuilder(time_limit_s=self._limit_s, pin_memory=pin)
         return self._builder
 
-    def timed(self) -> float:
-        return time.perf_counter()
+    def snapshot(self) -> Dict[str, Any]:
+        s = self.stats
+        d: Dict[str, Any] = {
+            "steps": s.steps,
+            "grammar_s": s.grammar_s,
+            "advance_s": s.advance_s,
+            "tree_wait_s": s.tree_wait_s,
+            "mask_s": s.mask_s,
+            "mask_timeouts": s.mask_timeouts,
+            "tokens_advanced": self.ledger.tokens_fed,
+            "ledger_requests": len(self.ledger),
+            "pinned_allocations": self.copier.pinned_allocations,
+            "active": self.active,
+            "pid": os.getpid(),
+        }
+        d.update(s.counters)
+        return d
 
 
 STATE = PluginState()
@@ -219,3 +257,131 @@ class BandAdapter:
     def deactivate(self) -> None:
         """For tests: back to pass-through."""
         STATE.active = False
+
+
+# -- what every band does inside one verify step -------------------------------------------------------------------
+def advance(req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
+    """Feed ``tokens`` (committed at output position ``start``) to ``req.grammar`` exactly once, via the ledger.
+
+    If the ledger and SGLang disagree about the position (gap or conflict: the host rolled or rebuilt the matcher
+    behind the ledger's back), the entry is re-anchored at SGLang's position and a warning is logged, instead of
+    raising into the scheduler loop.
+    """
+    ledger = STATE.ledger
+    rid = str(req.rid)
+    try:
+        return ledger.advance(rid, req.grammar, start, tokens)
+    except (LedgerGapError, LedgerConflictError) as exc:
+        logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
+                       rid, start, exc)
+        STATE.stats.count("ledger_resets")
+        ledger.reset(rid, start)
+        return ledger.advance(rid, req.grammar, start, tokens)
+
+
+def abort_rejected(req: Any, tokens: Sequence[int], error: str) -> None:
+    """Finish ``req`` with a clear error for that request alone: the grammar rejected a token the model committed."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens), error)
+    req.to_finish = FINISH_ABORT(
+        f"Grammar accept_token failed: request {req.rid}: {error}",
+        HTTPStatus.INTERNAL_SERVER_ERROR,
+        "InternalServerError",
+    )
+    STATE.stats.count("aborts")
+
+
+def prune_ledger(live: Collection[str], finished: Sequence[str] = ()) -> None:
+    """Keep the ledger bounded: drop finished requests, and all not ``live`` once it outgrows the batch."""
+    ledger = STATE.ledger
+    for rid in finished:
+        ledger.forget(rid)
+    if len(ledger) > max(64, 4 * len(live)):
+        STATE.stats.count("ledger_forgets", ledger.retain(live))
+
+
+def mask_step(
+    *,
+    reqs: Sequence[Any],
+    tree: PendingTree,
+    vocab_size: int,
+    device: Any,
+    barrier: Optional[Callable[[], Any]],
+    draft_device: Any,
+) -> Tuple[Any, TreeMask]:
+    """The plugin's grammar work of one verify step. Call after the target-verify launch, before sampling.
+
+    Order: ``barrier()`` (the previous batch's accepted tokens into the matchers, via the ledger) -> wait for the
+    verify tree's host copy -> wait until the previous step's upload left the reused host buffer -> build the tree
+    mask -> non-blocking upload (fenced by an event) -> neutralise the drafts of requests whose build timed out.
+    ``draft_device`` is the device draft-token tensor the sampler will read; None means the caller cannot neutralise,
+    so the build runs without a time limit. Returns ``(device mask or None, TreeMask)``.
+
+    On a CPU device the returned mask aliases the builder's buffer: it is consumed by this step's sampling, before
+    the next build.
+    """
+    t0 = time.perf_counter()
+    if barrier is not None:
+        barrier()
+    t1 = time.perf_counter()
+    nxt, sib, draft = tree.resolve()
+    t2 = time.perf_counter()
+    if STATE.upload_event is not None:
+        STATE.upload_event.synchronize()  # normally long done
+        STATE.upload_event = None
+    bs, n = nxt.shape[0], nxt.shape[-1]
+    result = STATE.builder.build(
+        [mask_request_for(r) for r in reqs], nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
+        vocab_size, allow_timeout=draft_device is not None,
+    )
+    device_mask = None
+    if result.bitmask is not None:
+        device_mask = result.bitmask.to(device, non_blocking=True)
+        if device_mask.device.type != "cpu":
+            import torch
+
+            STATE.upload_event = torch.get_device_module(device_mask.device).Event()
+            STATE.upload_event.record()
+    if result.timed_out:
+        neutralize_timed_out_drafts(draft_device, result.timed_out, n)
+    t3 = time.perf_counter()
+    STATE.stats.record_step(t1 - t0, t2 - t1, t3 - t2, len(result.timed_out), bs)
+    report()
+    return device_mask, result
+
+
+STATS_FILE_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
+LOG_INTERVAL_ENV = "SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S"
+_last_log = [0.0]
+
+
+def report() -> None:
+    """An INFO line on the first step and then every ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` (30) seconds; the JSON
+    stats file every step when ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` is set (tests, debugging)."""
+    s = STATE.stats
+    now = time.monotonic()
+    try:
+        interval = float(os.environ.get(LOG_INTERVAL_ENV, "30"))
+    except ValueError:
+        interval = 30.0
+    if s.steps == 1 or now - _last_log[0] >= interval:
+        _last_log[0] = now
+        n = max(s.steps, 1)
+        logger.info(
+            "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait %.3f, "
+            "mask %.3f); %d mask time-limit hits; ledger %d requests; %s",
+            s.steps, s.grammar_s / n * 1e3, s.advance_s / n * 1e3, s.tree_wait_s / n * 1e3, s.mask_s / n * 1e3,
+            s.mask_timeouts, len(STATE.ledger), s.counters,
+        )
+    path = os.environ.get(STATS_FILE_ENV)
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(STATE.snapshot(), f)
+            os.replace(tmp, path)
+        except OSError as exc:  # stats are best effort, never fail a step for them
+            logger.debug("sglang-eagle-overlap: cannot write stats file %s: %s", path, exc)

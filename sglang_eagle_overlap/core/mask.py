@@ -39,7 +39,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -54,13 +54,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class _Default:
-    """Sentinel type: "use the builder's own time limit"."""
-
-
-_DEFAULT = _Default()
 
 MaskStrategy = Literal["auto", "lockstep", "native", "python"]
 
@@ -158,14 +151,13 @@ class TreeMaskBuilder:
         draft_tokens: torch.Tensor,
         vocab_size: int,
         out: Optional[torch.Tensor] = None,
-        time_limit_s: Union[float, None, _Default] = _DEFAULT,
+        allow_timeout: bool = True,
     ) -> TreeMask:
         """Fill the tree mask. Tensors are host tensors shaped ``[bs, n]`` (draft tokens may be flat ``[bs * n]``).
 
         Call after the previous batch's accepted tokens were fed to the matchers (the ledger) and after the verify
         tree's host copy resolved. Returns ``TreeMask(bitmask=None)`` when no request is constrained.
-        ``time_limit_s`` overrides the builder's limit for this call (None: no limit, for callers that cannot
-        neutralise drafts).
+        ``allow_timeout=False`` builds without the time limit, for callers that cannot neutralise drafts.
         """
         t0 = time.perf_counter()
         bs = len(requests)
@@ -196,7 +188,7 @@ class TreeMaskBuilder:
         nxt = retrieve_next_token.tolist()
         sib = retrieve_next_sibling.tolist()
         tok = draft_tokens.reshape(bs, n).tolist()
-        limit = self.time_limit_s if isinstance(time_limit_s, _Default) else time_limit_s
+        limit = self.time_limit_s if allow_timeout else None
         deadline = None if limit is None else t0 + limit
         native = [i for i in constrained if requests[i].matcher is not None]
         generic = [i for i in constrained if requests[i].matcher is None]

@@ -30,12 +30,10 @@ VOCAB = 32000
 def active_state():
     ensure_sglang_importable()
     from sglang_eagle_overlap.adapters.common import STATE
-    from sglang_eagle_overlap.adapters.v0_5_23 import hook_advance_grammar_fsm as adv
     from sglang_eagle_overlap.core import AcceptLedger
 
     STATE.active = True
     STATE.ledger = AcceptLedger()
-    adv._tracked.clear()
     yield STATE
     STATE.active = False
 

@@ -14,10 +14,9 @@ Every hook passes through until :meth:`Adapter.activate` (called by ``plugin.loa
 
 from __future__ import annotations
 
-import logging
-from typing import Any, List, Tuple
+from typing import Tuple
 
-from sglang_eagle_overlap.adapters.common import STATE, BandAdapter, Hook, importable_callers
+from sglang_eagle_overlap.adapters.common import BandAdapter, Hook, importable_callers
 from sglang_eagle_overlap.adapters.v0_5_16 import (
     accept_grammar_tokens,
     apply_prefill_grammar,
@@ -29,8 +28,6 @@ from sglang_eagle_overlap.adapters.v0_5_16 import (
 
 __all__ = ["ADAPTER", "HOOKS", "Adapter", "importable_callers"]
 
-logger = logging.getLogger("sglang_eagle_overlap")
-
 HOOKS: Tuple[Hook, ...] = (
     scheduler_overlap.HOOK,
     run_eagle_verify.HOOK,
@@ -39,8 +36,6 @@ HOOKS: Tuple[Hook, ...] = (
     accept_grammar_tokens.HOOK,
     apply_prefill_grammar.HOOK,
 )
-
-
 
 
 class Adapter(BandAdapter):

@@ -18,51 +18,31 @@ ledger, so each matcher is advanced exactly once per accepted token.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from sglang_eagle_overlap.adapters.common import STATE, mask_request_for
-from sglang_eagle_overlap.core import PendingTree, neutralize_timed_out_drafts
+from sglang_eagle_overlap.adapters.common import STATE, advance, mask_step, prune_ledger
+from sglang_eagle_overlap.core import PendingTree
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
-LOG_EVERY_STEPS = int(os.environ.get("SGLANG_EAGLE_OVERLAP_LOG_EVERY", "500"))
-STATS_FILE_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
-
-
-@dataclass
-class Extra:
-    """Adapter-specific counters, merged into the stats JSON."""
-
-    overlap_kept: int = 0  # grammar decode batches whose forced sync the plugin dropped
-    plugin_steps: int = 0  # verify steps whose grammar work the plugin did
-    fallback_steps: int = 0  # grammar verify steps left to upstream (non-xgrammar grammar backend)
-    barrier_runs: int = 0  # (batch, result) pairs from result_queue advanced before sampling
-    replays: int = 0  # post-processing asks answered from the ledger
-    ledger_forgets: int = 0
-
-
-EXTRA = Extra()
+# Counters (STATE.stats.count): "overlap_kept" grammar decode batches whose forced sync the plugin dropped,
+# "fallback_steps" grammar verify steps left to upstream (non-xgrammar backend), "barrier_runs" (batch, result) pairs
+# advanced before sampling, "replays" post-processing asks answered from the ledger.
 
 
 @dataclass
 class StepContext:
     batch: Any
     pending: Optional[PendingTree]
-    saved_has_grammar: bool = True
-    hidden: bool = False
-    t_start: float = field(default_factory=time.perf_counter)
+    hidden: bool = False  # batch.has_grammar is False while hidden (it is True whenever a context exists)
 
 
 _ctx: List[Optional[StepContext]] = [None]
 _scheduler_ref: List[Any] = [None]
-_upload_event: List[Any] = [None]
 
 
 def algorithm_name(batch_or_args: Any) -> str:
@@ -123,11 +103,11 @@ def begin_step(batch: Any) -> Optional[StepContext]:
     if fm is not None and fm.is_idle():
         return None
     if not plugin_can_mask(batch):
-        EXTRA.fallback_steps += 1
+        STATE.stats.count("fallback_steps")
         return None
     vi = batch.spec_info
     pending = STATE.copier.start(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.draft_token)
-    ctx = StepContext(batch=batch, pending=pending, saved_has_grammar=batch.has_grammar)
+    ctx = StepContext(batch=batch, pending=pending)
     _ctx[0] = ctx
     return ctx
 
@@ -143,22 +123,18 @@ def end_step(ctx: Optional[StepContext]) -> None:
     if ctx is None:
         return
     if ctx.hidden:
-        ctx.batch.has_grammar = ctx.saved_has_grammar
+        ctx.batch.has_grammar = True
         ctx.hidden = False
     if _ctx[0] is ctx:
         _ctx[0] = None
 
 
 # -- barrier ------------------------------------------------------------------------------------------------------
-def _advance(req: Any, start: int, tokens: List[int]):
-    return STATE.ledger.advance(str(req.rid), req.grammar, start, tokens)
-
-
 def advance_pending_results() -> int:
     """Feed the unprocessed results in ``scheduler.result_queue`` to the grammars (exactly once, via the ledger).
 
     Mirrors what post-processing will do with them: same rows skipped (finished / retracted / still-chunked), same
-    output positions (``len(req.output_ids)`` before the tokens are appended).
+    output positions (``len(req.output_ids)`` before the tokens are appended). Returns the tokens newly fed.
     """
     sched = scheduler()
     queue = getattr(sched, "result_queue", None) if sched is not None else None
@@ -166,141 +142,52 @@ def advance_pending_results() -> int:
         return 0
     fed_before = STATE.ledger.tokens_fed
     live = set()
-    for item in list(queue):
-        try:
-            b, r = item
-        except (TypeError, ValueError):
-            continue
+    for b, r in list(queue):
         reqs = getattr(b, "reqs", None) or []
-        for req in reqs:
-            live.add(str(req.rid))
-        if r is None or getattr(r, "next_token_ids", None) is None:
-            continue
-        if not any(getattr(req, "grammar", None) is not None for req in reqs):
-            continue
+        live.update(str(req.rid) for req in reqs)
         fm = b.forward_mode
-        if fm.is_idle():
+        if r is None or r.next_token_ids is None or fm.is_idle():
             continue
-        copy_done = getattr(r, "copy_done", None)
-        if copy_done is not None:
-            copy_done.synchronize()
+        if not any(req.grammar is not None for req in reqs):
+            continue
+        is_decode = fm.is_decode() and r.accept_lens is not None
+        if not (is_decode or fm.is_extend()):
+            continue
+        if r.copy_done is not None:
+            r.copy_done.synchronize()
         ids = r.next_token_ids.tolist()
-        EXTRA.barrier_runs += 1
-        if fm.is_decode() and getattr(r, "accept_lens", None) is not None:
+        if is_decode:
             lens = r.accept_lens.tolist()
             stride = r.speculative_num_draft_tokens
-            for i, req in enumerate(reqs):
-                if req.grammar is None or req.is_retracted or req.finished():
-                    continue
-                _advance(req, len(req.output_ids), ids[i * stride : i * stride + lens[i]])
-        elif fm.is_extend():
-            for i, req in enumerate(reqs):
-                if req.grammar is None or req.is_retracted or req.finished():
-                    continue
-                if getattr(req, "inflight_middle_chunks", 0) > 0:
-                    continue  # a chunk that did not finish the prompt emits no token
-                _advance(req, len(req.output_ids), [int(ids[i])])
-    if sched is not None:
-        cur = current()
-        if cur is not None:
-            live.update(str(req.rid) for req in cur.batch.reqs)
-        _sweep(live)
+        STATE.stats.count("barrier_runs")
+        for i, req in enumerate(reqs):
+            if req.grammar is None or req.is_retracted or req.finished():
+                continue
+            if not is_decode and req.inflight_middle_chunks > 0:
+                continue  # a chunk that did not finish the prompt emits no token
+            run = ids[i * stride : i * stride + lens[i]] if is_decode else [int(ids[i])]
+            advance(req, len(req.output_ids), run)
+    cur = current()
+    if cur is not None:
+        live.update(str(req.rid) for req in cur.batch.reqs)
+    prune_ledger(live)
     return STATE.ledger.tokens_fed - fed_before  # replays feed nothing
 
 
-def _sweep(live: set) -> None:
-    # Forget requests no longer anywhere the scheduler can hand them to us again before their next step; a request
-    # that comes back (retraction) is re-anchored at first sight, which is exact because every advance went through
-    # the ledger.
-    entries = getattr(STATE.ledger, "_entries", None)
-    if entries is None or len(entries) <= len(live):
-        return
-    for key in [k for k in entries if k not in live]:
-        STATE.ledger.forget(key)
-        EXTRA.ledger_forgets += 1
-
-
 # -- mask ---------------------------------------------------------------------------------------------------------
-def build_vocab_mask(verify_input: Any, batch: Any, num_draft_tokens: int) -> Any:
+def build_vocab_mask(verify_input: Any, batch: Any) -> Any:
     """Called in ``eagle_sample`` (after the verify launch, before sampling). Returns the device mask or None."""
     ctx = _ctx[0]
     if ctx.hidden:
-        batch.has_grammar = ctx.saved_has_grammar
+        batch.has_grammar = True
         ctx.hidden = False
-    stats = STATE.stats
-    t0 = time.perf_counter()
-    stats.tokens_advanced += advance_pending_results()
-    t1 = time.perf_counter()
-    nxt, sib, tok = ctx.pending.resolve()
-    t2 = time.perf_counter()
-    prev = _upload_event[0]
-    if prev is not None:
-        prev.synchronize()  # the builder reuses its host buffer; the last upload must have read it
-        _upload_event[0] = None
-    requests = [mask_request_for(req) for req in batch.reqs]
-    vocab_size = batch.sampling_info.vocab_size
-    result = STATE.builder.build(requests, nxt, sib, tok, vocab_size)
-    t3 = time.perf_counter()
-    device_mask = None
-    if result.bitmask is not None:
-        device = verify_input.retrieve_next_token.device
-        device_mask = result.bitmask.to(device, non_blocking=True)
-        if device.type != "cpu":
-            import torch
-
-            ev = torch.get_device_module(device).Event()
-            ev.record()
-            _upload_event[0] = ev
-        grammar = None
-        for req in batch.reqs:
-            if req.grammar is not None:
-                grammar = req.grammar
-        verify_input.grammar = grammar
+    device_mask, _ = mask_step(
+        reqs=batch.reqs, tree=ctx.pending, vocab_size=batch.sampling_info.vocab_size,
+        device=verify_input.retrieve_next_token.device, barrier=advance_pending_results,
+        draft_device=verify_input.draft_token,
+    )
+    if device_mask is not None:
+        verify_input.grammar = next(req.grammar for req in batch.reqs if req.grammar is not None)
         # Otherwise the extend-stage vocab mask would be applied again (upstream does the same).
         batch.sampling_info.vocab_mask = None
-        if result.timed_out:
-            neutralize_timed_out_drafts(verify_input.draft_token, result.timed_out, num_draft_tokens)
-            stats.mask_timeouts += len(result.timed_out)
-    stats.steps += 1
-    EXTRA.plugin_steps += 1
-    stats.advance_s += t1 - t0
-    stats.tree_wait_s += t2 - t1
-    stats.mask_s += t3 - t2
-    stats.grammar_s += t3 - t0
-    stats.last = {"advance_s": t1 - t0, "tree_wait_s": t2 - t1, "mask_s": t3 - t2, "bs": float(len(batch.reqs))}
-    _report()
     return device_mask
-
-
-def stats_dict() -> dict:
-    d = dict(STATE.stats.as_dict())
-    d.update(EXTRA.__dict__)
-    d["pid"] = os.getpid()
-    d["active"] = bool(STATE.active)
-    return d
-
-
-def _report() -> None:
-    s = STATE.stats
-    if LOG_EVERY_STEPS > 0 and s.steps % LOG_EVERY_STEPS == 0:
-        n = max(s.steps, 1)
-        logger.info(
-            "sglang-eagle-overlap: %d grammar verify steps; mean per step advance %.3f ms, tree wait %.3f ms, "
-            "mask %.3f ms; %d mask timeouts; %d batches kept overlapped",
-            s.steps, s.advance_s / n * 1e3, s.tree_wait_s / n * 1e3, s.mask_s / n * 1e3, s.mask_timeouts,
-            EXTRA.overlap_kept,
-        )
-    write_stats_file()
-
-
-def write_stats_file() -> None:
-    path = os.environ.get(STATS_FILE_ENV)
-    if not path:
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(stats_dict(), f)
-        os.replace(tmp, path)
-    except OSError as exc:  # never break serving for a stats file
-        logger.debug("sglang-eagle-overlap: could not write stats file %s: %s", path, exc)

@@ -16,12 +16,8 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
-import logging
-
-from sglang_eagle_overlap.adapters.common import STATE, Hook
+from sglang_eagle_overlap.adapters.common import STATE, Hook, abort_rejected, advance
 from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
-
-logger = logging.getLogger("sglang_eagle_overlap")
 
 TARGET = (
     "sglang.srt.managers.scheduler_components.batch_result_processor."
@@ -29,26 +25,21 @@ TARGET = (
 )
 
 
-def abort_for(req, error: str) -> None:
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-    message = f"grammar rejected an accepted token for request {req.rid}: {error}"
-    logger.error("sglang-eagle-overlap: %s; aborting the request", message)
-    req.to_finish = FINISH_ABORT(message=message)
+def replay_or_advance(req, start: int, tokens) -> list:
+    """Post-processing's ask: the ledger replays what the barrier fed (or feeds it now); aborts on a rejected token."""
+    if STATE.ledger.outcome(str(req.rid), start) is not None:
+        STATE.stats.count("replays")
+    outcome = advance(req, start, tokens)
+    if outcome.error is not None:
+        abort_rejected(req, tokens, outcome.error)
+    return list(outcome.retained)
 
 
 def accept_grammar_tokens(original, self, req, tokens, *args, **kwargs):
     if not STATE.active or req.grammar is None or not _runtime.is_eagle_family(getattr(self, "server_args", None)):
         return original(self, req, tokens, *args, **kwargs)
     toks = [tokens] if isinstance(tokens, int) else list(tokens)
-    start = len(req.output_ids)
-    before = STATE.ledger.outcome(str(req.rid), start)
-    outcome = STATE.ledger.advance(str(req.rid), req.grammar, start, toks)
-    if before is not None:
-        _runtime.EXTRA.replays += 1
-    if outcome.error is not None:
-        abort_for(req, outcome.error)
-    return list(outcome.retained)
+    return replay_or_advance(req, len(req.output_ids), toks)
 
 
 HOOK = Hook(

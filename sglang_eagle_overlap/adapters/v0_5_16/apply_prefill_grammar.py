@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from sglang_eagle_overlap.adapters.common import STATE, Hook
 from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
-from sglang_eagle_overlap.adapters.v0_5_16.accept_grammar_tokens import abort_for
+from sglang_eagle_overlap.adapters.v0_5_16.accept_grammar_tokens import replay_or_advance
 
 TARGET = (
     "sglang.srt.managers.scheduler_components.batch_result_processor."
@@ -38,12 +38,7 @@ def apply_prefill_grammar(original, self, *args, **kwargs):
         or not _runtime.is_eagle_family(getattr(self, "server_args", None))
     ):
         return original(self, *args, **kwargs)
-    start = len(req.output_ids) - 1
-    if STATE.ledger.outcome(str(req.rid), start) is not None:
-        _runtime.EXTRA.replays += 1
-    outcome = STATE.ledger.advance(str(req.rid), req.grammar, start, [int(next_token_id)])
-    if outcome.error is not None:
-        abort_for(req, outcome.error)
+    replay_or_advance(req, len(req.output_ids) - 1, [int(next_token_id)])
     req.grammar.finished = req.finished()
     return None
 

@@ -27,7 +27,7 @@ def eagle_sample(original, verify_input, batch, logits_output, vocab_mask=None, 
     ctx = _runtime.current() if STATE.active else None
     if ctx is None or ctx.batch is not batch or vocab_mask is not None:
         return original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
-    vocab_mask = _runtime.build_vocab_mask(verify_input, batch, int(verify_input.draft_token_num))
+    vocab_mask = _runtime.build_vocab_mask(verify_input, batch)
     return original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
 
 

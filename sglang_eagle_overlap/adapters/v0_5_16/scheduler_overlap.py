@@ -40,7 +40,7 @@ def is_disable_overlap_for_batch(original, self, batch, *args, **kwargs):
     finally:
         batch.has_grammar = True
     if len(getattr(self, "result_queue", ()) or ()) > 0:
-        _runtime.EXTRA.overlap_kept += 1
+        STATE.stats.count("overlap_kept")
     return result
 
 

@@ -23,10 +23,9 @@ hooks landed).
 
 from __future__ import annotations
 
-import logging
-from typing import Any, List, Tuple
+from typing import Any, Tuple
 
-from sglang_eagle_overlap.adapters.common import STATE, BandAdapter, Hook, importable_callers
+from sglang_eagle_overlap.adapters.common import BandAdapter, Hook, importable_callers
 from sglang_eagle_overlap.adapters.v0_5_23 import (
     hook_advance_grammar_fsm,
     hook_build_grammar_vocab_mask,
@@ -35,15 +34,11 @@ from sglang_eagle_overlap.adapters.v0_5_23 import (
 
 __all__ = ["ADAPTER", "HOOKS", "Adapter", "importable_callers"]
 
-logger = logging.getLogger("sglang_eagle_overlap")
-
 HOOKS: Tuple[Hook, ...] = (
     hook_grammar_tree.HOOK,
     hook_build_grammar_vocab_mask.HOOK,
     hook_advance_grammar_fsm.HOOK,
 )
-
-
 
 
 class Adapter(BandAdapter):

@@ -15,7 +15,8 @@ How: same gating and semantics as upstream --
   ``result.grammar_retained_tokens`` (stop after the terminating token; if the grammar was already terminated the
   first token is retained, as upstream does);
 * retracted / finished requests are skipped (SG#28986);
-* a rejected token aborts the request with ``FINISH_ABORT("Grammar accept_token failed: ...")``.
+* a rejected token aborts the request with ``FINISH_ABORT("Grammar accept_token failed: ...")``
+  (:func:`~sglang_eagle_overlap.adapters.common.abort_rejected`).
 
 The output position is ``len(req.output_ids)`` at advance time: the result being advanced is not yet appended. If the
 ledger and SGLang disagree about the position (a request re-anchored by SGLang, e.g. its grammar was rebuilt), the
@@ -28,24 +29,16 @@ When to remove: together with the other hooks, when upstream's grammar path no l
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any, List, Optional
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook
-from sglang_eagle_overlap.adapters.v0_5_23 import _support
-from sglang_eagle_overlap.core import LedgerConflictError, LedgerGapError
+from sglang_eagle_overlap.adapters.common import STATE, Hook, abort_rejected, advance, prune_ledger
 
-__all__ = ["HOOK", "TARGET", "advance_grammar_fsm_around", "advance_request", "prune_ledger"]
-
-logger = logging.getLogger("sglang_eagle_overlap")
+__all__ = ["HOOK", "TARGET", "advance_grammar_fsm_around", "advance_request"]
 
 TARGET = (
     "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor."
     "advance_grammar_fsm"
 )
-# rid -> id(grammar) of what the ledger tracks; a new grammar object under the same rid re-anchors the entry.
-_tracked: dict = {}
 
 
 def _output_stride(result: Any) -> int:
@@ -60,58 +53,19 @@ def _output_stride(result: Any) -> int:
     return int(stride)
 
 
-def _abort(req: Any, tokens: List[int], error: str) -> None:
-    from http import HTTPStatus
-
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-    logger.error("Grammar accept_token failed for req %s with token %s: %s", req.rid, tokens, error)
-    req.to_finish = FINISH_ABORT(
-        f"Grammar accept_token failed: {error}", HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"
-    )
-    _support.EXTRA["aborts"] += 1
-
-
 def advance_request(req: Any, tokens: List[int]) -> List[int]:
     """Advance ``req.grammar`` over ``tokens`` (committed at output position ``len(req.output_ids)``) exactly once.
 
     Returns the retained prefix (upstream's ``_accept_grammar_tokens`` contract).
     """
-    ledger = STATE.ledger
-    rid = str(req.rid)
-    grammar = req.grammar
-    start = len(req.output_ids)
-    if _tracked.get(rid) != id(grammar):
-        if rid in _tracked:
-            ledger.reset(rid, start)
-        _tracked[rid] = id(grammar)
-    try:
-        outcome = ledger.advance(rid, grammar, start, tokens)
-    except (LedgerGapError, LedgerConflictError) as exc:
-        logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
-                       rid, start, exc)
-        _support.EXTRA["ledger_resets"] += 1
-        ledger.reset(rid, start)
-        outcome = ledger.advance(rid, grammar, start, tokens)
+    outcome = advance(req, len(req.output_ids), tokens)
     retained = list(outcome.retained)
     if outcome.error is not None:
-        _abort(req, list(tokens), outcome.error)
+        abort_rejected(req, tokens, outcome.error)
     elif not retained and outcome.terminated and tokens:
         # Upstream: accept_token on a terminated grammar is a no-op, the first token is kept, then it stops.
         retained = [int(tokens[0])]
     return retained
-
-
-def prune_ledger(live_rids: Optional[set] = None, finished: Optional[List[str]] = None) -> None:
-    """Keep the ledger bounded: drop finished requests, and everything not live when it grows past the batch."""
-    ledger = STATE.ledger
-    for rid in finished or ():
-        ledger.forget(rid)
-        _tracked.pop(rid, None)
-    if live_rids is not None and len(_tracked) > max(64, 4 * len(live_rids)):
-        for rid in [r for r in _tracked if r not in live_rids]:
-            ledger.forget(rid)
-            _tracked.pop(rid, None)
 
 
 def advance_grammar_fsm_around(original: Any, self: Any, result: Any, batch: Any) -> None:
@@ -122,47 +76,32 @@ def advance_grammar_fsm_around(original: Any, self: Any, result: Any, batch: Any
     is_decode = batch.forward_mode.is_decode()
     if not (is_decode or batch.forward_mode.is_extend()):
         return None
+    if is_decode and result.accept_lens is None:
+        return None
     if result.copy_done is not None:
         result.copy_done.synchronize()
-    t0 = time.perf_counter()
     next_token_ids = result.next_token_ids.tolist()
-    fed = 0
+    if is_decode:
+        accept_lens = result.accept_lens.tolist()
+        stride = _output_stride(result)
     finished: List[str] = []
     live = set()
-    if not is_decode:
-        for i, req in enumerate(batch.reqs):
-            if req.grammar is None:
-                continue
-            if req.is_retracted or req.finished() or req.inflight_middle_chunks > 0:
-                if req.finished():
-                    finished.append(str(req.rid))
-                continue
-            live.add(str(req.rid))
-            fed += len(advance_request(req, [next_token_ids[i]]))
-        result.grammar_advanced = True
-        prune_ledger(live, finished)
-        _support.record_advance(time.perf_counter() - t0, fed)
-        return None
-    if result.accept_lens is None:
-        return None
-    accept_lens = result.accept_lens.tolist()
-    stride = _output_stride(result)
     retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
     for i, req in enumerate(batch.reqs):
         if req.grammar is None:
             continue
-        if req.is_retracted or req.finished():
-            if req.finished():
-                finished.append(str(req.rid))
+        if req.finished():
+            finished.append(str(req.rid))
+            continue
+        if req.is_retracted or (not is_decode and req.inflight_middle_chunks > 0):
             continue
         live.add(str(req.rid))
-        run = next_token_ids[i * stride : i * stride + accept_lens[i]]
+        run = next_token_ids[i * stride : i * stride + accept_lens[i]] if is_decode else [next_token_ids[i]]
         retained[i] = advance_request(req, run)
-        fed += len(retained[i])
-    result.grammar_retained_tokens = retained
+    if is_decode:
+        result.grammar_retained_tokens = retained
     result.grammar_advanced = True
     prune_ledger(live, finished)
-    _support.record_advance(time.perf_counter() - t0, fed)
     return None
 
 

@@ -28,26 +28,14 @@ When to remove: when upstream builds tree masks natively without per-node ``roll
 
 from __future__ import annotations
 
-import time
-from typing import Any, Dict
+from typing import Any
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook, mask_request_for
-from sglang_eagle_overlap.adapters.v0_5_23 import _support
+from sglang_eagle_overlap.adapters.common import STATE, Hook, mask_step
 from sglang_eagle_overlap.adapters.v0_5_23.hook_grammar_tree import PluginGrammarTree
-from sglang_eagle_overlap.core import TreeMaskBuilder, neutralize_timed_out_drafts
 
 __all__ = ["HOOK", "TARGET", "build_grammar_vocab_mask_around", "build_mask"]
 
 TARGET = "sglang.srt.speculative.spec_utils.build_grammar_vocab_mask"
-_exact: Dict[str, Any] = {"builder": None}
-
-
-def _exact_builder() -> TreeMaskBuilder:
-    if _exact["builder"] is None:
-        import torch
-
-        _exact["builder"] = TreeMaskBuilder(time_limit_s=None, pin_memory=bool(torch.cuda.is_available()))
-    return _exact["builder"]
 
 
 def build_grammar_vocab_mask_around(original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -61,44 +49,21 @@ def build_grammar_vocab_mask_around(original: Any, *args: Any, **kwargs: Any) ->
 
 
 def build_mask(*, reqs: Any, tree: PluginGrammarTree, sampling_info: Any, device: Any, barrier: Any) -> Any:
-    """The plugin's mask step. Call after the target verify launch, before sampling."""
-    t0 = time.perf_counter()
-    if barrier is not None:
-        barrier()
-    t1 = time.perf_counter()
-    nxt, sib, draft = tree.resolve()
-    t2 = time.perf_counter()
-    _support.wait_previous_upload()
-    requests = [mask_request_for(r) for r in reqs]
-    builder = STATE.builder if tree.draft_device is not None else _exact_builder()
-    bs = nxt.shape[0]
-    n = nxt.shape[-1]
-    result = builder.build(requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
-                           sampling_info.vocab_size)
+    """The plugin's mask step (:func:`~sglang_eagle_overlap.adapters.common.mask_step`) in 0.5.23's return type."""
+    vocab_mask, _ = mask_step(
+        reqs=reqs, tree=tree.pending, vocab_size=sampling_info.vocab_size, device=device, barrier=barrier,
+        draft_device=tree.draft_device,
+    )
     handle = next((r.grammar for r in reqs if getattr(r, "grammar", None) is not None), None)
-    grammar_mask = None
-    if handle is not None:
-        # Upstream resets it whenever it builds a mask; otherwise the extend stage's leftover mask is applied.
-        sampling_info.grammar_mask = None
-    if result.bitmask is not None:
-        host = result.bitmask
-        import torch
+    if handle is None:
+        return None
+    # Upstream resets it whenever it builds a mask; otherwise the extend stage's leftover mask is applied.
+    sampling_info.grammar_mask = None
+    if vocab_mask is None:
+        return None
+    from sglang.srt.constrained.base_grammar_backend import GrammarMask
 
-        if torch.device(device).type == "cpu":
-            vocab_mask = host.clone()  # the builder reuses its buffer; a CPU "upload" would alias it
-        else:
-            vocab_mask = host.to(device, non_blocking=True)
-            _support.fence_upload(vocab_mask)
-        from sglang.srt.constrained.base_grammar_backend import GrammarMask
-
-        grammar_mask = GrammarMask(handle, vocab_mask)
-    if result.timed_out:
-        if tree.draft_device is not None:
-            neutralize_timed_out_drafts(tree.draft_device, result.timed_out, n)
-            _support.EXTRA["neutralized_requests"] += len(result.timed_out)
-    t3 = time.perf_counter()
-    _support.record_step(t1 - t0, t2 - t1, t3 - t2, len(result.timed_out))
-    return grammar_mask
+    return GrammarMask(handle, vocab_mask)
 
 
 # Modules that do ``from sglang.srt.speculative.spec_utils import build_grammar_vocab_mask``.

@@ -60,11 +60,10 @@ class PluginGrammarTree:
     does not own (``from_host``, ``from_linear_chain``).
     """
 
-    __slots__ = ("_pending", "draft_device")
+    __slots__ = ("pending", "draft_device")
 
-    def __init__(self, host: Tuple[torch.Tensor, ...], done_event: Any = None,
-                 draft_device: Optional[torch.Tensor] = None) -> None:
-        self._pending = PendingTree(host=tuple(host), event=done_event, resolved=done_event is None)
+    def __init__(self, pending: PendingTree, draft_device: Optional[torch.Tensor] = None) -> None:
+        self.pending = pending
         self.draft_device = draft_device
 
     @classmethod
@@ -72,18 +71,14 @@ class PluginGrammarTree:
                     draft_token: torch.Tensor) -> Any:
         if not STATE.active:
             return original().from_device(retrieve_next_token, retrieve_next_sibling, draft_token)
-        pending = STATE.copier.start(retrieve_next_token, retrieve_next_sibling, draft_token)
-        obj = cls.__new__(cls)
-        obj._pending = pending
-        obj.draft_device = draft_token
-        return obj
+        return cls(STATE.copier.start(retrieve_next_token, retrieve_next_sibling, draft_token), draft_token)
 
     @classmethod
     def from_host(cls, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
                   draft_token: torch.Tensor) -> Any:
         if not STATE.active:
             return original().from_host(retrieve_next_token, retrieve_next_sibling, draft_token)
-        return cls((retrieve_next_token, retrieve_next_sibling, draft_token), None)
+        return cls(STATE.copier.start(retrieve_next_token, retrieve_next_sibling, draft_token))
 
     @classmethod
     def from_linear_chain(cls, verify_ids_2d: torch.Tensor) -> Any:
@@ -93,13 +88,11 @@ class PluginGrammarTree:
         nxt = torch.full((bs, chain_len), -1, dtype=torch.int64)
         nxt[:, :-1] = torch.arange(1, chain_len, dtype=torch.int64)
         sib = torch.full((bs, chain_len), -1, dtype=torch.int64)
-        obj = cls.from_device(nxt, sib, verify_ids_2d)
-        obj.draft_device = None  # chain algorithms own their candidate tensors
-        return obj
+        return cls(STATE.copier.start(nxt, sib, verify_ids_2d))  # chain algorithms own their candidate tensors
 
     def resolve(self) -> Tuple[torch.Tensor, ...]:
         """Wait for the host copy (one event) and return ``(next_token, next_sibling, draft_tokens)``."""
-        return self._pending.resolve()
+        return self.pending.resolve()
 
 
 # Modules that do ``from sglang.srt.speculative.spec_utils import GrammarTree``.
