@@ -29,6 +29,7 @@ import shlex
 import statistics
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -227,7 +228,9 @@ def main(argv=None) -> int:
             for topk, steps in TREES:
                 n = num_draft_tokens(topk, steps)
                 stride = steps + 1
-                plan = make_plan(grammar, vocab, topk, steps, bs_max, n_steps, seed=args.seed + hash((grammar, topk)) % 1000)
+                # crc32, not hash(): str hashes are salted per process, so --seed alone would not fix the plan
+                seed = args.seed + zlib.crc32(f"{grammar}-{topk}".encode()) % 1000
+                plan = make_plan(grammar, vocab, topk, steps, bs_max, n_steps, seed=seed)
                 for bs in batches:
                     up_t, up_d = run_sglang(grammar, vocab, plan, bs, warmup, stride)
                     row = dict(vocab=vocab, grammar=grammar, topk=topk, steps=steps, nodes=n, bs=bs,
