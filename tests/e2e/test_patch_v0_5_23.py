@@ -9,20 +9,20 @@ reference, then ``python -m sglang.launch_server`` with the copy first on ``PYTH
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import subprocess
-from pathlib import Path
+import urllib.request
 
 import pytest
 
-from sglang_eo_cpu_runtime.engine import EngineConfig
+from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
+from tests.helpers.patched_sglang import patched_sglang_copy
 
-from .test_plugin_v0_5_23 import CASES, _run_all
+from .common import output_ids
+from .test_plugin_v0_5_23 import CASES, _run
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang_0_5_23]
 
-_REPO = Path(__file__).resolve().parents[2]
 _MARK = '''
 
 # --- test-only instrumentation appended by tests/e2e/test_patch_v0_5_23.py ---
@@ -37,29 +37,13 @@ def build_grammar_vocab_mask(**kwargs):
 
 
 def test_patched_copy_engine_token_identical(engine_pool, tmp_path):
-    import importlib.util
-
-    src = Path(importlib.util.find_spec("sglang").origin).parent
-    root = tmp_path / "patched"
-    shutil.copytree(src, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    for patch in sorted((_REPO / "patches" / "sglang-0.5.23").glob("*.patch")):
-        subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, check=True)
-        subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, check=True)
+    root = patched_sglang_copy(tmp_path / "patched", "0.5.23")
     with open(root / "sglang" / "srt" / "speculative" / "spec_utils.py", "a") as f:
         f.write(_MARK)
     mark = tmp_path / "mark"
 
-    base_key = ("patch-0.5.23-baseline",)
-    if base_key not in engine_pool.cache:
-        engine_pool.cache[base_key] = _run_all(engine_pool.get(EngineConfig(pair="random", spec=None)))
-    want = engine_pool.cache[base_key]
-
-    import json as _json
-    import urllib.request
-
-    from sglang_eo_cpu_runtime.engine import launch_server
-
-    from .common import output_ids
+    # the same non-spec reference test_plugin_v0_5_23 compares with (one engine start for both)
+    want = _run(engine_pool, EngineConfig(pair="random", spec=None))[0]
 
     engine_pool.close()  # one engine at a time
     old = os.environ.get("PYTHONPATH", "")
@@ -74,11 +58,11 @@ def test_patched_copy_engine_token_identical(engine_pool, tmp_path):
                                str(tmp_path / "server.log"), stats_file=stats_file)
         got = {}
         for case, (prompts, params) in CASES.items():
-            body = _json.dumps({"text": prompts, "sampling_params": params}).encode()
+            body = json.dumps({"text": prompts, "sampling_params": params}).encode()
             req = urllib.request.Request(server.base_url + "/generate", data=body,
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=300) as r:
-                outs = _json.loads(r.read().decode())
+                outs = json.loads(r.read().decode())
             got[case] = [(o["text"], output_ids(o), o["meta_info"]["finish_reason"]) for o in outs]
         stats = server.stats()
         log_tail = server.log_tail(200)

@@ -9,34 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.patched_sglang import REPO as _REPO
+from tests.helpers.patched_sglang import patch_files, patched_sglang_copy
+
 pytestmark = pytest.mark.sglang_0_5_23
 
-_REPO = Path(__file__).resolve().parents[2]
-_PATCHES = sorted((_REPO / "patches" / "sglang-0.5.23").glob("*.patch"))
-
-
-def _installed_sglang() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("sglang")
-    return Path(spec.origin).parent
+_PATCHES = patch_files("0.5.23")
 
 
 @pytest.fixture(scope="module")
 def patched_copy(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("sglang-0.5.23-patched")
-    shutil.copytree(_installed_sglang(), root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    for patch in _PATCHES:
-        subprocess.run(["git", "apply", "--check", "-p1", str(patch)], cwd=root, check=True, capture_output=True)
-        subprocess.run(["git", "apply", "-p1", str(patch)], cwd=root, check=True, capture_output=True)
-    return root
+    return patched_sglang_copy(tmp_path_factory.mktemp("sglang-0.5.23-patched"), "0.5.23")
 
 
 def test_patch_files_exist():
