@@ -75,7 +75,7 @@ def test_patched_copy_engine_token_identical(engine_pool, tmp_path):
     assert mark.exists() and len(mark.read_text()) > 0, "the patched build_grammar_vocab_mask never ran"
     assert stats.get("runtime_errors") == [], stats
     for case in CASES:
+        assert len(got[case]) == len(want[case]), case
         for i, (g, w) in enumerate(zip(got[case], want[case])):
-            if g[1]:
-                assert g[1] == w[1], f"patched topk4 {case}[{i}]: {g[0]!r} vs non-spec {w[0]!r}"
-            assert g[0] == w[0], f"patched topk4 {case}[{i}]: {g[0]!r} vs non-spec {w[0]!r}"
+            assert g[1] and g[1] == w[1], f"patched topk4 {case}[{i}]: {g[0]!r} vs non-spec {w[0]!r}"
+            assert g[0] == w[0] and g[2] == w[2], f"patched topk4 {case}[{i}]: {g!r} vs non-spec {w!r}"
