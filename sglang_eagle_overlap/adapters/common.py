@@ -122,6 +122,17 @@ def verify_hooks(hooks: Sequence[Hook]) -> List[str]:
     return missing
 
 
+COUNTERS = (
+    "aborts",  # requests aborted because the grammar rejected a committed token
+    "ledger_resets",  # ledger re-anchored at SGLang's position (gap / conflict)
+    "ledger_forgets",  # entries dropped by prune_ledger
+    "overlap_kept",  # 0.5.16: grammar decode batches whose forced sync the plugin dropped
+    "fallback_steps",  # 0.5.16: grammar verify steps left to upstream (non-xgrammar backend)
+    "barrier_runs",  # 0.5.16: (batch, result) pairs advanced before sampling
+    "replays",  # 0.5.16: post-processing asks answered from the ledger
+)
+
+
 @dataclass
 class StepStats:
     """Operator-facing numbers of the plugin's grammar work (per process).
@@ -137,7 +148,8 @@ class StepStats:
     mask_s: float = 0.0
     mask_timeouts: int = 0
     last: Dict[str, float] = field(default_factory=dict)
-    counters: Dict[str, int] = field(default_factory=dict)
+    # Every counter is present (0) from the start, so readers never see a missing key.
+    counters: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
     def count(self, name: str, k: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + k

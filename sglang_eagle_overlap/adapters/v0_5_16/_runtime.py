@@ -29,9 +29,6 @@ from sglang_eagle_overlap.core import PendingTree
 logger = logging.getLogger("sglang_eagle_overlap")
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
-# Counters (STATE.stats.count): "overlap_kept" grammar decode batches whose forced sync the plugin dropped,
-# "fallback_steps" grammar verify steps left to upstream (non-xgrammar backend), "barrier_runs" (batch, result) pairs
-# advanced before sampling, "replays" post-processing asks answered from the ledger.
 
 
 @dataclass
