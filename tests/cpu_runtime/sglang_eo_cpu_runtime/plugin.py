@@ -94,12 +94,6 @@ def load() -> None:
         "CPU vocab-mask application (backend static method)",
     )
     reg(
-        "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch",
-        stats.count_overlap_decision,
-        HookType.AFTER,
-        "overlap-decision counters",
-    )
-    reg(
         "sglang.srt.managers.scheduler.Scheduler.__init__",
         _after_scheduler_init,
         HookType.AFTER,
@@ -227,4 +221,25 @@ def _after_scheduler_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any
             "moved or was renamed - update tests/cpu_runtime/sglang_eo_cpu_runtime/plugin.py"
         )
     stats.mark_scheduler_started(scheduler)
+    _count_final_overlap_decisions(scheduler)
     return None
+
+
+def _count_final_overlap_decisions(scheduler: Any) -> None:
+    """Count the scheduler's *final* overlap decision per batch.
+
+    The counter must sit outside every plugin hook on ``Scheduler.is_disable_overlap_for_batch`` (the product
+    plugin's AROUND hook changes the decision), and HookRegistry gives no ordering between plugins. By the time the
+    scheduler is built all class-level hooks are applied, so wrapping the instance's bound method here makes the
+    counter outermost. The scheduler loop calls ``self.is_disable_overlap_for_batch(...)``, so it reaches the wrapper.
+    """
+    from sglang_eo_cpu_runtime import stats
+
+    decide = scheduler.is_disable_overlap_for_batch
+
+    def counted(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        result = decide(batch, *args, **kwargs)
+        stats.count_overlap_decision(result, scheduler, batch, *args, **kwargs)
+        return result
+
+    scheduler.is_disable_overlap_for_batch = counted

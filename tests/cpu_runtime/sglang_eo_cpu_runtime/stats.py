@@ -69,7 +69,7 @@ def _is_grammar_spec_decode(batch: Any) -> bool:
 
 
 def count_overlap_decision(result: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER hook on ``Scheduler.is_disable_overlap_for_batch(batch, last_batch)``; never changes the result."""
+    """Called with the final result of ``Scheduler.is_disable_overlap_for_batch(batch, last_batch)``."""
     with _lock:
         _state["overlap_decisions"] += 1
         if _is_grammar_spec_decode(batch):
