@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_eagle_overlap.plugin import sglang_version
+
 try:  # CPU test venvs: let the CUDA-built torchvision wheel import against CPU torch, before any test imports SGLang
     from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
 
@@ -24,16 +26,7 @@ def _has_cuda() -> bool:
 HAS_CUDA = _has_cuda()
 
 
-def _sglang_version():
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return None
-
-
-SGLANG_VERSION = _sglang_version()
+SGLANG_VERSION = sglang_version()
 # marker -> the SGLang version whose installed sources a test reads (version gating lives here only)
 SGLANG_VERSION_MARKERS = {"sglang_0_5_16": "0.5.16", "sglang_0_5_23": "0.5.23"}
 

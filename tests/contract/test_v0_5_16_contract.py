@@ -36,24 +36,15 @@ PINNED = {
     "_apply_prefill_grammar": ["self", "req", "next_token_id"],
 }
 
-TORCHVISION_SHIM = """
-import torch
-try:
-    _tv = torch.library.Library("torchvision", "DEF")
-    _tv.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _tv.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-except RuntimeError:
-    pass
-"""
+# The subprocess needs the CUDA-built torchvision wheel to import against CPU torch, as conftest arranges here.
+TORCHVISION_SHIM = (
+    "from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook\n"
+    "install_import_hook()\n"
+)
 
-
-_SHIM_NS: dict = {}
 
 
 def _import_sglang() -> None:
-    # The PyPI torchvision wheel is a CUDA build; its meta registrations need these schemas on CPU-only torch.
-    if "torchvision" not in sys.modules:
-        exec(TORCHVISION_SHIM, _SHIM_NS)  # the namespace keeps the Library (and so the schemas) alive
     for mod in (
         "sglang.srt.managers.scheduler",
         "sglang.srt.speculative.eagle_worker_v2",
