@@ -9,7 +9,7 @@ installation can never mix the plugin's grammar path with SGLang's.
 Switches (environment):
 
 * ``SGLANG_EAGLE_OVERLAP=0`` -- turn the plugin off without uninstalling it.
-* ``SGLANG_EAGLE_OVERLAP_MASK_THREADS=N`` -- threads for the tree-mask build (default: all cores, at most 8).
+* ``SGLANG_EAGLE_OVERLAP_MASK_THREADS=N`` -- threads for the tree-mask build (default: 1 on <= 2 cores, else half the cores, at most 8).
 * ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS=X`` -- per-step mask time limit (default 50 ms; 0 disables).
 
 SGLang only logs exceptions raised by plugins, so this module also logs every refusal at ERROR level itself, with
