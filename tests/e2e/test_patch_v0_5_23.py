@@ -19,7 +19,7 @@ from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
 from tests.helpers.patched_sglang import patched_sglang_copy
 
 from .common import output_ids
-from .test_plugin_v0_5_23 import CASES, _run
+from .test_plugin_equivalence import CASES, _run
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang_0_5_23]
 
@@ -42,7 +42,7 @@ def test_patched_copy_engine_token_identical(engine_pool, tmp_path):
         f.write(_MARK)
     mark = tmp_path / "mark"
 
-    # the same non-spec reference test_plugin_v0_5_23 compares with (one engine start for both)
+    # the same non-spec reference test_plugin_equivalence compares with (one engine start for both)
     want = _run(engine_pool, EngineConfig(pair="random", spec=None))[0]
 
     engine_pool.close()  # one engine at a time
