@@ -1,0 +1,91 @@
+"""``patches/sglang-0.5.16/*.patch`` applies to a copy of the installed SGLang 0.5.16 and its patched paths behave.
+
+The copy is made under a temporary directory (the installed files are never touched), checked with
+``git apply --check`` first (a stale patch fails hard), applied, and then imported in a fresh interpreter that has the
+copy first on ``sys.path`` (``tests/patches/_patched_probe_0_5_16.py`` reports what it saw).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.patched_sglang import REPO as _REPO
+from tests.helpers.patched_sglang import patch_files, patched_sglang_copy
+
+pytestmark = pytest.mark.sglang_0_5_16
+
+_PATCHES = patch_files("0.5.16")
+
+
+@pytest.fixture(scope="module")
+def patched_copy(tmp_path_factory) -> Path:
+    return patched_sglang_copy(tmp_path_factory.mktemp("sglang-0.5.16-patched"), "0.5.16")
+
+
+@pytest.fixture(scope="module")
+def facts(patched_copy) -> dict:
+    env = dict(os.environ)
+    env["SGLANG_EO_CPU_RUNTIME"] = "1"
+    site = _REPO / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "_site"
+    env["PYTHONPATH"] = os.pathsep.join([str(patched_copy), str(site), str(_REPO), env.get("PYTHONPATH", "")])
+    env["SGLANG_EAGLE_OVERLAP"] = "0"  # the patched engine needs no plugin
+    proc = subprocess.run([sys.executable, "-m", "tests.patches._patched_probe_0_5_16", str(patched_copy)],
+                          cwd=_REPO, capture_output=True, text=True, env=env, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-5000:]
+    return json.loads(lines[-1][len("PROBE-JSON "):])
+
+
+def test_patch_files_exist():
+    assert len(_PATCHES) == 1, f"expected one patch under patches/sglang-0.5.16/, got {_PATCHES}"
+    assert _PATCHES[0].name.startswith("0001-")
+    text = _PATCHES[0].read_text()
+    assert "GIT binary patch" not in text and "__pycache__" not in text, "the patch must carry sources only"
+
+
+def test_patch_does_not_apply_twice(patched_copy):
+    # Once applied, --check fails: the patch is tied to the exact 0.5.16 sources.
+    proc = subprocess.run(["git", "apply", "--check", "-p1", str(_PATCHES[0])], cwd=patched_copy, capture_output=True)
+    assert proc.returncode != 0
+
+
+def test_patched_modules_import_from_the_copy(facts):
+    assert facts["from_copy"], facts["sglang_file"]
+
+
+def test_overlap_decision_keeps_only_eagle_xgrammar_batches(facts):
+    # EAGLE-family xgrammar decode batches no longer sync on the previous result ...
+    assert facts["sync_eagle3_xgrammar"] is False and facts["sync_eagle_xgrammar"] is False, facts
+    # ... every other case keeps upstream's forced sync.
+    assert facts["sync_ngram_xgrammar"] is True, facts
+    assert facts["sync_eagle3_other_backend"] is True, facts
+    assert facts["sync_eagle3_unwatched_queue"] is True, facts
+
+
+def test_barrier_then_native_mask_equals_upstream(facts):
+    assert facts["begin_verify_started"] and facts["ngram_declined"], facts
+    # The queued previous result was fed to the grammars before the mask was built ...
+    assert facts["barrier_fed_runs"] and facts["barrier_tokens"] == facts["run_tokens"] > 0, facts
+    # ... and the mask equals upstream's generate_token_bitmask over grammars at the same state.
+    assert facts["mask_equal"], facts
+    assert facts["vocab_mask_cleared"] and facts["verify_grammar_set"], facts
+
+
+def test_post_processing_replays_exactly_once(facts):
+    assert facts["replay_retained_runs"] and facts["fed_once"], facts
+    assert facts["replays"] == 3, facts
+    assert facts["prefill_fed_once"], facts
+
+
+@pytest.mark.parametrize("case", ["terminating", "rejected"])
+def test_termination_and_rejection_match_upstream(facts, case):
+    assert facts[f"{case}_retained_equal"] and facts[f"{case}_matcher_equal"], facts
+    assert facts[f"{case}_abort_equal"], facts
+    if case == "rejected":
+        assert facts["rejected_aborts"], facts
