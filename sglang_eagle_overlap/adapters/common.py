@@ -25,9 +25,12 @@ from sglang_eagle_overlap.core import (
     TreeMaskBuilder,
     neutralize_timed_out_drafts,
 )
+from sglang_eagle_overlap.core.timeline import timeline
+from sglang_eagle_overlap.metrics import ForwardReadyProbe, PrometheusExporter
 
 __all__ = [
     "BandAdapter",
+    "abort_mask_failed",
     "abort_rejected",
     "advance",
     "mask_step",
@@ -37,6 +40,7 @@ __all__ = [
     "PluginState",
     "STATE",
     "importable_callers",
+    "mark_verify_launch",
     "mask_request_for",
     "register_hooks",
     "resolve_attr",
@@ -130,6 +134,7 @@ COUNTERS = (
     "fallback_steps",  # 0.5.16: grammar verify steps left to upstream (non-xgrammar backend)
     "barrier_runs",  # 0.5.16: (batch, result) pairs advanced before sampling
     "replays",  # 0.5.16: post-processing asks answered from the ledger
+    "mask_failures",  # requests aborted because their grammar raised during the tree mask build
 )
 
 
@@ -138,11 +143,14 @@ class StepStats:
     """Operator-facing numbers of the plugin's grammar work (per process).
 
     ``grammar_s`` is what one verify step spends on the CPU between the verify launch and the mask upload: ledger
-    advance (barrier) + tree-copy wait + mask build. ``counters`` holds the adapters' event counts.
+    advance (barrier) + tree-copy wait + mask build (+ upload). ``unhidden_s`` is the part of it after the verify
+    forward was ready, i.e. what sampling waited for (estimate: :class:`~sglang_eagle_overlap.metrics.ForwardReadyProbe`;
+    on CPU all of ``grammar_s``). ``counters`` holds the adapters' event counts.
     """
 
     steps: int = 0
     grammar_s: float = 0.0
+    unhidden_s: float = 0.0
     advance_s: float = 0.0
     tree_wait_s: float = 0.0
     mask_s: float = 0.0
@@ -154,14 +162,29 @@ class StepStats:
     def count(self, name: str, k: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + k
 
-    def record_step(self, advance_s: float, tree_wait_s: float, mask_s: float, timeouts: int, bs: int) -> None:
+    def record_step(self, advance_s: float, tree_wait_s: float, mask_s: float, timeouts: int, bs: int,
+                    unhidden_s: float = 0.0) -> None:
+        """One plugin-owned verify step. ``unhidden_s`` may belong to earlier steps (CUDA events are read lazily)."""
         self.steps += 1
         self.advance_s += advance_s
         self.tree_wait_s += tree_wait_s
         self.mask_s += mask_s
         self.grammar_s += advance_s + tree_wait_s + mask_s
+        self.unhidden_s += unhidden_s
         self.mask_timeouts += timeouts
-        self.last = {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs)}
+        self.last = {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs),
+                     "unhidden_s": unhidden_s}
+
+    def per_step_ms(self) -> Dict[str, float]:
+        """Mean per step, in ms, of the operator numbers (0 before the first step)."""
+        n = max(self.steps, 1)
+        return {
+            "grammar_ms": self.grammar_s / n * 1e3,
+            "unhidden_ms": self.unhidden_s / n * 1e3,
+            "advance_ms": self.advance_s / n * 1e3,
+            "tree_wait_ms": self.tree_wait_s / n * 1e3,
+            "mask_ms": self.mask_s / n * 1e3,
+        }
 
 
 class PluginState:
@@ -175,6 +198,8 @@ class PluginState:
         self._builder: Optional[TreeMaskBuilder] = None
         self._limit_s = None if limit_ms <= 0 else limit_ms / 1e3
         self.stats = StepStats()
+        self.probe = ForwardReadyProbe()  # forward-ready estimate for the un-hidden part (operator metric)
+        self.prometheus = PrometheusExporter()  # inert unless SGLang runs with --enable-metrics
         self.upload_event: Any = None  # fence: the builder's host buffer is reused by the next build
 
     @property
@@ -191,6 +216,7 @@ class PluginState:
         d: Dict[str, Any] = {
             "steps": s.steps,
             "grammar_s": s.grammar_s,
+            "unhidden_s": s.unhidden_s,
             "advance_s": s.advance_s,
             "tree_wait_s": s.tree_wait_s,
             "mask_s": s.mask_s,
@@ -297,6 +323,8 @@ def abort_rejected(req: Any, tokens: Sequence[int], error: str) -> None:
 
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
+    if getattr(req, "to_finish", None) is not None:
+        return  # already being finished (e.g. its mask build failed): keep that first, clearer reason
     logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens), error)
     req.to_finish = FINISH_ABORT(
         f"Grammar accept_token failed: request {req.rid}: {error}",
@@ -306,6 +334,23 @@ def abort_rejected(req: Any, tokens: Sequence[int], error: str) -> None:
     STATE.stats.count("aborts")
 
 
+def abort_mask_failed(req: Any, error: str) -> None:
+    """Finish ``req`` with a clear error for that request alone: its grammar raised during the tree mask build."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    logger.error("sglang-eagle-overlap: aborting request %s: its grammar failed during the tree mask build: %s",
+                 req.rid, error)
+    STATE.stats.count("mask_failures")
+    if getattr(req, "to_finish", None) is None:
+        req.to_finish = FINISH_ABORT(
+            f"Grammar mask build failed: request {req.rid}: {error}",
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+        )
+
+
 def prune_ledger(live: Collection[str], finished: Sequence[str] = ()) -> None:
     """Keep the ledger bounded: drop finished requests, and all not ``live`` once it outgrows the batch."""
     ledger = STATE.ledger
@@ -313,6 +358,12 @@ def prune_ledger(live: Collection[str], finished: Sequence[str] = ()) -> None:
         ledger.forget(rid)
     if len(ledger) > max(64, 4 * len(live)):
         STATE.stats.count("ledger_forgets", ledger.retain(live))
+
+
+def mark_verify_launch(device: Any = None) -> None:
+    """Call where the verify tree's host copy starts, just before the target-verify launch (timeline + probe)."""
+    STATE.probe.on_launch(device)
+    timeline().point("tree_copy")
 
 
 def mask_step(
@@ -336,6 +387,7 @@ def mask_step(
     the next build.
     """
     t0 = time.perf_counter()
+    STATE.probe.on_mask_start(device, t0)
     if barrier is not None:
         barrier()
     t1 = time.perf_counter()
@@ -349,6 +401,7 @@ def mask_step(
         [mask_request_for(r) for r in reqs], nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
         vocab_size, allow_timeout=draft_device is not None,
     )
+    t_built = time.perf_counter()
     device_mask = None
     if result.bitmask is not None:
         device_mask = result.bitmask.to(device, non_blocking=True)
@@ -359,8 +412,22 @@ def mask_step(
             STATE.upload_event.record()
     if result.timed_out:
         neutralize_timed_out_drafts(draft_device, result.timed_out, n)
+    if result.failed:  # that request alone is aborted; its drafts must not be accepted unmasked meanwhile
+        if draft_device is not None:
+            neutralize_timed_out_drafts(draft_device, [i for i, _ in result.failed], n)
+        for i, error in result.failed:
+            abort_mask_failed(reqs[i], error)
     t3 = time.perf_counter()
-    STATE.stats.record_step(t1 - t0, t2 - t1, t3 - t2, len(result.timed_out), bs)
+    unhidden = STATE.probe.on_mask_ready(t3)
+    STATE.stats.record_step(t1 - t0, t2 - t1, t3 - t2, len(result.timed_out), bs, unhidden)
+    STATE.prometheus.observe_step(t3 - t0, unhidden, len(result.timed_out))
+    tl = timeline()
+    if tl.enabled:
+        tl.span("advance", t0, t1, bs)
+        tl.span("tree_wait", t1, t2, bs)
+        tl.span("mask_build", t2, t_built, bs)
+        tl.span("mask_upload", t_built, t3, bs)
+        tl.point("sample", t3, bs)
     report()
     return device_mask, result
 
@@ -372,7 +439,10 @@ _last_log = [0.0]
 
 def report() -> None:
     """An INFO line on the first step and then every ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` (30) seconds; the JSON
-    stats file every step when ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` is set (tests, debugging)."""
+    stats file every step when ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` is set (tests, debugging).
+
+    The line's operator numbers (means per grammar verify step since start): ``grammar`` ms (advance + tree wait +
+    mask), ``not hidden`` ms (part of it after the verify forward was ready), and the mask time-limit hits."""
     s = STATE.stats
     now = time.monotonic()
     try:
@@ -381,11 +451,11 @@ def report() -> None:
         interval = 30.0
     if s.steps == 1 or now - _last_log[0] >= interval:
         _last_log[0] = now
-        n = max(s.steps, 1)
+        m = s.per_step_ms()
         logger.info(
             "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait %.3f, "
-            "mask %.3f); %d mask time-limit hits; ledger %d requests; %s",
-            s.steps, s.grammar_s / n * 1e3, s.advance_s / n * 1e3, s.tree_wait_s / n * 1e3, s.mask_s / n * 1e3,
+            "mask %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; ledger %d requests; %s",
+            s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["unhidden_ms"],
             s.mask_timeouts, len(STATE.ledger), s.counters,
         )
     path = os.environ.get(STATS_FILE_ENV)

@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from sglang_eagle_overlap.adapters.common import STATE, advance, mask_step, prune_ledger
+from sglang_eagle_overlap.adapters.common import STATE, advance, mark_verify_launch, mask_step, prune_ledger
 from sglang_eagle_overlap.core import PendingTree
 
 logger = logging.getLogger("sglang_eagle_overlap")
@@ -103,6 +103,7 @@ def begin_step(batch: Any) -> Optional[StepContext]:
         STATE.stats.count("fallback_steps")
         return None
     vi = batch.spec_info
+    mark_verify_launch(vi.retrieve_next_token.device)
     pending = STATE.copier.start(vi.retrieve_next_token, vi.retrieve_next_sibling, vi.draft_token)
     ctx = StepContext(batch=batch, pending=pending)
     _ctx[0] = ctx

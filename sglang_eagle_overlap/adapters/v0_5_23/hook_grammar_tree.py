@@ -24,7 +24,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook
+from sglang_eagle_overlap.adapters.common import STATE, Hook, mark_verify_launch
 from sglang_eagle_overlap.core import PendingTree
 
 __all__ = ["HOOK", "PluginGrammarTree", "TARGET", "capture_original", "original"]
@@ -71,6 +71,7 @@ class PluginGrammarTree:
                     draft_token: torch.Tensor) -> Any:
         if not STATE.active:
             return original().from_device(retrieve_next_token, retrieve_next_sibling, draft_token)
+        mark_verify_launch(retrieve_next_token.device)  # just before the verify launch: timeline + un-hidden probe
         return cls(STATE.copier.start(retrieve_next_token, retrieve_next_sibling, draft_token), draft_token)
 
     @classmethod

@@ -15,6 +15,7 @@ Every adjustment below is a workaround for running on CPU, not product behaviour
   (verify prefix + draft, draft-decode per-branch lengths) with ``forward_batch.seq_lens``; ``overlap_utils`` calls
   ``record_stream`` on CPU tensors unguarded;
 * counters of the scheduler's overlap decisions for grammar decode batches (:mod:`.stats`).
+* benchmarks only (``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE``): overlap-timeline stamps (:mod:`.timeline_probe`).
 
 Hook failures are only logged by SGLang's loader, so the scheduler records any target that did not land in the stats
 file (``runtime_errors``) and the e2e tests assert it is empty.
@@ -221,6 +222,9 @@ def _after_scheduler_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any
             "moved or was renamed - update tests/cpu_runtime/sglang_eo_cpu_runtime/plugin.py"
         )
     stats.mark_scheduler_started(scheduler)
+    from sglang_eo_cpu_runtime import timeline_probe
+
+    timeline_probe.install(scheduler, sglang_version())  # no-op without SGLANG_EAGLE_OVERLAP_TIMELINE_FILE
     _count_final_overlap_decisions(scheduler)
     return None
 
