@@ -25,6 +25,11 @@ Strategies (``MaskStrategy``):
 * ``"auto"`` -- ``lockstep`` (measured fastest or on par at every shape of ``benchmarks/bench_grammar_step.py``,
   with one or more threads).
 
+Failures: a grammar that raises during the build (a host grammar object's method, or xgrammar inside the batched
+native walk, which is then redone request by request through the exact walk to find the culprit) fails that request
+alone: it is reported in ``TreeMask.failed`` with the error, its rows are left all-allowed and its matcher is rolled
+back; the caller MUST abort it (and neutralise its drafts). The other requests' rows are exact.
+
 Time limit: if the build for a request exceeds ``time_limit_s`` the request is reported in
 ``TreeMask.timed_out``. Its root row is always exact (roots are filled first); its other rows are left all-allowed,
 and the caller MUST then neutralise that request's draft candidates (see :func:`neutralize_timed_out_drafts`) so
@@ -84,6 +89,7 @@ class MaskRequest:
 class TreeMask:
     bitmask: Optional[torch.Tensor]  # int32 [rows, ceil(vocab/32)] on the CPU, or None if no row is constrained
     timed_out: List[int] = field(default_factory=list)  # batch indices whose non-root rows were not built
+    failed: List[Tuple[int, str]] = field(default_factory=list)  # (batch index, error) whose grammar raised
     build_s: float = 0.0
     valid_nodes: int = 0
 
@@ -194,22 +200,39 @@ class TreeMaskBuilder:
         generic = [i for i in constrained if requests[i].matcher is None]
         result = TreeMask(bitmask=mask)
         if native:
-            if self.strategy == "lockstep":
-                result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask, deadline,
-                                                     result.timed_out)
-            elif self.strategy == "native":
-                result.valid_nodes += self._native(requests, native, retrieve_next_token, retrieve_next_sibling,
-                                                   draft_tokens.reshape(bs, n), n, vocab_size, mask, deadline,
-                                                   result.timed_out)
-            else:
+            try:
+                if self.strategy == "lockstep":
+                    result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask,
+                                                         deadline, result.timed_out)
+                elif self.strategy == "native":
+                    result.valid_nodes += self._native(requests, native, retrieve_next_token, retrieve_next_sibling,
+                                                       draft_tokens.reshape(bs, n), n, vocab_size, mask, deadline,
+                                                       result.timed_out)
+                else:
+                    generic = generic + native
+            except Exception as exc:  # one matcher broke the batched walk: find it with the per-request walk
+                logger.warning("sglang-eagle-overlap: %s tree mask build failed (%s: %s); rebuilding request by "
+                               "request", self.strategy, type(exc).__name__, exc)
+                for i in native:
+                    _fill_all_allowed(mask[i * n : (i + 1) * n])
+                result.timed_out.clear()
+                result.valid_nodes = 0
                 generic = generic + native
         for i in generic:
             req = requests[i]
             grammar = req.grammar if req.grammar is not None else _MatcherAsGrammar(req.matcher)
-            valid, done = _python_walk(grammar, nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline)
+            try:
+                valid, done = _python_walk(grammar, nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline)
+            except Exception as exc:
+                _fill_all_allowed(mask[i * n : (i + 1) * n])
+                result.failed.append((i, f"{type(exc).__name__}: {exc}"))
+                continue
             result.valid_nodes += valid
             if not done:
                 result.timed_out.append(i)
+        for i, error in result.failed:
+            logger.error("sglang-eagle-overlap: grammar of request %s raised during the tree mask build: %s",
+                         requests[i].request_id or f"row {i}", error)
         if result.timed_out:
             self.timeouts += len(result.timed_out)
             for i in result.timed_out:
@@ -290,6 +313,15 @@ class TreeMaskBuilder:
             walkers.append(w)
             fill_matchers.append(matcher)
             fill_rows.append(i * n)
+        try:
+            return self._lockstep_rounds(walkers, fill, fill_matchers, fill_rows, deadline, timed_out)
+        except BaseException:
+            for w in walkers:  # put every matcher back where it was; the caller rebuilds request by request
+                w.abandon()
+            raise
+
+    @staticmethod
+    def _lockstep_rounds(walkers, fill, fill_matchers, fill_rows, deadline, timed_out) -> int:
         valid = 0
         # Round 0: every root.
         if fill_matchers:
@@ -412,7 +444,8 @@ class _MatcherAsGrammar:
 def _python_walk(grammar, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
     """Generic exact walk (same semantics as the native paths) over any host grammar object.
 
-    Returns (valid nodes, completed). On timeout, non-root rows are reset to all-allowed.
+    Returns (valid nodes, completed). On timeout, non-root rows are reset to all-allowed. If a grammar method
+    raises, the grammar is rolled back to its entry state and the exception propagates.
     """
     if grammar.is_terminated():
         return 0, True
@@ -421,38 +454,46 @@ def _python_walk(grammar, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[i
     valid = 1
     depth = 0
     stack: List[Tuple[int, int, int]] = [(nxt[0], 0, 0)] if nxt[0] >= 0 else []
-    while stack:
-        if deadline is not None and time.perf_counter() > deadline:
-            mask_np[base + 1 : base + len(nxt)] = -1
-            if depth:
+    try:
+        while stack:
+            if deadline is not None and time.perf_counter() > deadline:
+                mask_np[base + 1 : base + len(nxt)] = -1
+                if depth:
+                    grammar.rollback(depth)
+                return valid, False
+            node, parent, pdepth = stack.pop()
+            s = sib[node]
+            if s >= 0:
+                stack.append((s, parent, pdepth))
+            t = tok[node]
+            if t < 0 or t >= vocab:
+                continue
+            if not (int(mask_np[base + parent, t >> 5]) >> (t & 31)) & 1:
+                continue
+            if depth > pdepth:
+                grammar.rollback(depth - pdepth)
+                depth = pdepth
+            try:
+                ok = grammar.accept_token(t)
+            except ValueError:
+                ok = False
+            if ok is False:
+                continue
+            depth = pdepth + 1
+            if grammar.is_terminated():
+                continue
+            grammar.fill_vocab_mask(mask, base + node)
+            valid += 1
+            c = nxt[node]
+            if c >= 0:
+                stack.append((c, node, depth))
+    except BaseException:
+        if depth:  # a grammar method raised mid-walk: leave the grammar where it was, then report the error
+            try:
                 grammar.rollback(depth)
-            return valid, False
-        node, parent, pdepth = stack.pop()
-        s = sib[node]
-        if s >= 0:
-            stack.append((s, parent, pdepth))
-        t = tok[node]
-        if t < 0 or t >= vocab:
-            continue
-        if not (int(mask_np[base + parent, t >> 5]) >> (t & 31)) & 1:
-            continue
-        if depth > pdepth:
-            grammar.rollback(depth - pdepth)
-            depth = pdepth
-        try:
-            ok = grammar.accept_token(t)
-        except ValueError:
-            ok = False
-        if ok is False:
-            continue
-        depth = pdepth + 1
-        if grammar.is_terminated():
-            continue
-        grammar.fill_vocab_mask(mask, base + node)
-        valid += 1
-        c = nxt[node]
-        if c >= 0:
-            stack.append((c, node, depth))
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+        raise
     if depth:
         grammar.rollback(depth)
     return valid, True

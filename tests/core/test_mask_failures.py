@@ -1,0 +1,119 @@
+"""TreeMaskBuilder: a grammar that raises during the build fails that request alone.
+
+Batch of three requests on the ``regex`` grammar, each at a different point of its own document; the middle one is
+faulty. Draft tree per request (topk 2, 2 steps, 5 nodes), first child = true continuation::
+
+    0 ── 1 ── 3
+    │    └─── 4
+    └─── 2
+
+Expected: the faulty row is reported in ``TreeMask.failed`` with its error, its rows stay all-allowed, the other
+requests' rows are bit-identical to a build without the faulty request, and every matcher / grammar is back in its
+entry state (its next-token bitmask is unchanged).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("xgrammar")
+
+from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder  # noqa: E402
+from tests.helpers import grammars as G  # noqa: E402
+
+VOCAB = 32000
+N = 5
+
+
+class BrokenGrammar:
+    """Host grammar API over a real matcher; ``fill_vocab_mask`` raises after ``ok_fills`` fills."""
+
+    def __init__(self, m, ok_fills: int) -> None:
+        self.m, self.ok_fills, self.fills = m, ok_fills, 0
+
+    def accept_token(self, token: int) -> bool:
+        return bool(self.m.accept_token(token))
+
+    def rollback(self, k: int) -> None:
+        self.m.rollback(k)
+
+    def is_terminated(self) -> bool:
+        return bool(self.m.is_terminated())
+
+    def fill_vocab_mask(self, vocab_mask, idx: int) -> None:
+        if self.fills >= self.ok_fills:
+            raise RuntimeError("boom: broken grammar backend")
+        self.fills += 1
+        self.m.fill_next_token_bitmask(vocab_mask, idx)
+
+
+class NotAMatcher:
+    """Looks like a live matcher to the builder, but xgrammar's batched fill cannot take it (and it cannot fill)."""
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def accept_token(self, token: int) -> bool:
+        return True
+
+    def rollback(self, k: int) -> None:
+        pass
+
+    def fill_next_token_bitmask(self, bitmask, idx: int) -> None:
+        raise RuntimeError("boom: corrupt matcher")
+
+
+def _tree(doc, at):
+    nxt = [1, 3, -1, -1, -1]
+    sib = [-1, 2, -1, 4, -1]
+    tok = [0, doc[at], doc[at + 5] if at + 5 < len(doc) else 1, doc[at + 1], 7]
+    return nxt, sib, tok
+
+
+def _setup():
+    rng = random.Random(3)
+    docs = [list(G.doc_tokens("regex", rng, VOCAB)) for _ in range(3)]
+    ats = [2, 4, 3]
+    matchers = [G.matcher("regex", VOCAB, d[:a]) for d, a in zip(docs, ats)]
+    trees = [_tree(d, a) for d, a in zip(docs, ats)]
+    nxt = torch.tensor([t[0] for t in trees])
+    sib = torch.tensor([t[1] for t in trees])
+    tok = torch.tensor([t[2] for t in trees])
+    return matchers, nxt, sib, tok
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])
+@pytest.mark.parametrize("ok_fills", [0, 1])  # fails at the root / deeper in the tree (after accepting a token)
+def test_raising_grammar_fails_only_its_request(strategy, ok_fills):
+    matchers, nxt, sib, tok = _setup()
+    before = [G.next_token_bitmask(m, VOCAB).clone() for m in matchers]
+    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(
+        [MaskRequest(matcher=m) for m in matchers], nxt, sib, tok, VOCAB).bitmask.clone()
+    broken = BrokenGrammar(matchers[1], ok_fills)
+    reqs = [MaskRequest(matcher=matchers[0], request_id="a"), MaskRequest(grammar=broken, request_id="b"),
+            MaskRequest(matcher=matchers[2], request_id="c")]
+    out = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+    assert [i for i, _ in out.failed] == [1] and "boom: broken grammar backend" in out.failed[0][1]
+    assert torch.equal(out.bitmask[N : 2 * N], torch.full_like(out.bitmask[N : 2 * N], -1))
+    assert torch.equal(out.bitmask[:N], clean[:N]) and torch.equal(out.bitmask[2 * N :], clean[2 * N :])
+    assert broken.fills == ok_fills  # it really failed where intended
+    for m, b in zip(matchers, before):
+        assert torch.equal(G.next_token_bitmask(m, VOCAB), b)
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "native"])
+def test_matcher_breaking_the_batched_walk_is_isolated(strategy):
+    matchers, nxt, sib, tok = _setup()
+    before = [G.next_token_bitmask(m, VOCAB).clone() for m in matchers]
+    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(
+        [MaskRequest(matcher=m) for m in matchers], nxt, sib, tok, VOCAB).bitmask.clone()
+    reqs = [MaskRequest(matcher=matchers[0]), MaskRequest(matcher=NotAMatcher()), MaskRequest(matcher=matchers[2])]
+    out = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+    assert [i for i, _ in out.failed] == [1], out.failed
+    assert torch.equal(out.bitmask[:N], clean[:N]) and torch.equal(out.bitmask[2 * N :], clean[2 * N :])
+    assert torch.equal(out.bitmask[N : 2 * N], torch.full_like(out.bitmask[N : 2 * N], -1))
+    for i in (0, 2):
+        assert torch.equal(G.next_token_bitmask(matchers[i], VOCAB), before[i])
