@@ -16,6 +16,7 @@ Every adjustment below is a workaround for running on CPU, not product behaviour
   ``record_stream`` on CPU tensors unguarded;
 * counters of the scheduler's overlap decisions for grammar decode batches (:mod:`.stats`).
 * benchmarks only (``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE``): overlap-timeline stamps (:mod:`.timeline_probe`).
+* benchmarks only (``SGLANG_EO_STEP_TIMES_FILE``): per-decode-step wall and grammar time (:mod:`.step_times`).
 
 Hook failures are only logged by SGLang's loader, so the scheduler records any target that did not land in the stats
 file (``runtime_errors``) and the e2e tests assert it is empty.
@@ -226,6 +227,9 @@ def _after_scheduler_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any
 
     timeline_probe.install(scheduler, sglang_version())  # no-op without SGLANG_EAGLE_OVERLAP_TIMELINE_FILE
     _count_final_overlap_decisions(scheduler)
+    from sglang_eo_cpu_runtime import step_times
+
+    step_times.install(scheduler, sglang_version())  # no-op without SGLANG_EO_STEP_TIMES_FILE (benchmarks)
     return None
 
 
