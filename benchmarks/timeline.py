@@ -62,7 +62,9 @@ PATHS = {  # (sglang minor band, plugin) -> label, how its grammar work is sched
     ("0.5.23", False): ("SGLang 0.5.23 upstream overlap", "overlap", "sglang_ms"),
     ("0.5.23", True): ("SGLang 0.5.23 + plugin", "overlap", "lockstep1_ms"),
 }
-PHASE_COLORS = {"advance": "tab:orange", "tree_wait": "tab:purple", "mask_build": "tab:red", "mask_upload": "tab:brown"}
+PHASE_COLORS = {"advance": "tab:orange", "tree_wait": "tab:purple", "mask_build": "tab:red", "mask_upload": "tab:brown",
+                "mask_apply": "tab:gray"}
+LANES = ("forward", *GRAMMAR_PHASES, "mask_apply")
 
 
 # -- prediction model -----------------------------------------------------------------------------------------------
@@ -163,7 +165,8 @@ def grammar_cost_points(path: Path, grammar: str = "nested", vocab: int = 32000,
 # -- the CPU engine run ---------------------------------------------------------------------------------------------
 def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, Any]:
     """Per bs: medians of the grammar phases, forward, constrained and unconstrained step periods; plus the model
-    check: predicted constrained period = unconstrained period + grammar (on CPU nothing is hidden)."""
+    check: predicted constrained period = unconstrained period + grammar + mask application (on CPU nothing is
+    hidden)."""
     steps = group_steps(events)
     free = step_periods(events, grammar=False)
     by_bs: Dict[int, Dict[str, Any]] = {}
@@ -175,6 +178,7 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
         row: Dict[str, Any] = {
             "steps": len(ss),
             "grammar_ms": statistics.median([s["grammar_ms"] for s in ss]),
+            "apply_ms": statistics.median([s["apply_ms"] for s in ss]),
             "phase_ms": phase_ms,
             "forward_ms": statistics.median([s["forward"][1] for s in ss]),
             "sample_ms": statistics.median([s["sample"] for s in ss]),
@@ -182,7 +186,7 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
             "free_period_ms": statistics.median(free[bs]) if free.get(bs) else None,
         }
         if row["period_ms"] and row["free_period_ms"]:
-            row["predicted_period_ms"] = row["free_period_ms"] + row["grammar_ms"]
+            row["predicted_period_ms"] = row["free_period_ms"] + row["grammar_ms"] + row["apply_ms"]
             row["prediction_error"] = row["predicted_period_ms"] / row["period_ms"] - 1.0
         by_bs[bs] = row
     return {"by_bs": by_bs, "steps": steps}
@@ -203,13 +207,14 @@ def run_path(plugin: bool, batch_sizes: Sequence[int], repeats: int) -> Dict[str
         params = {"temperature": 0.0, "max_new_tokens": 48}
         constrained = dict(params, json_schema=json.dumps(FOLLOWER_SCHEMA))
         engine.generate(prompt=["warm up"] * 2, sampling_params=constrained)  # compile + first steps
+        t_measured = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the scheduler process's stamps
         for _ in range(repeats):
             for bs in batch_sizes:
                 prompts = [f"Request {i}:" for i in range(bs)]
                 engine.generate(prompt=prompts, sampling_params=constrained)
                 engine.generate(prompt=prompts, sampling_params=params)
         time.sleep(1.0)  # the recorder thread rewrites the file every 0.25 s
-        events = load_events(tl_file)
+        events = [e for e in load_events(tl_file) if e[1] >= t_measured]
         with open(tl_file) as f:
             meta = json.load(f).get("meta", {})
     finally:
@@ -254,7 +259,7 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
 
     keys = [k for k in ("0.5.16-stock", "0.5.16-plugin", "0.5.23-stock", "0.5.23-plugin") if k in runs]
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 1.9 * len(keys) + 1.2), squeeze=False)
-    lanes = ["forward", *GRAMMAR_PHASES]
+    lanes = list(LANES)
     for ax, key in zip(axes[:, 0], keys):
         run = runs[key]
         step = representative(run["steps"], bs)
@@ -264,7 +269,7 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
         if step is None:
             continue
         ax.barh(0, step["forward"][1], left=0, color="tab:blue", height=0.6)
-        for i, p in enumerate(GRAMMAR_PHASES, start=1):
+        for i, p in enumerate(LANES[1:], start=1):
             for s, e in step["phases"].get(p, []):
                 ax.barh(i, max(e - s, 0.01), left=s, color=PHASE_COLORS[p], height=0.6)
         ax.axvline(0, color="k", lw=0.8)
@@ -274,7 +279,7 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
             ax.plot([step["tree_copy"]], [3], marker="v", color="k")
         ax.set_yticks(range(len(lanes)))
         ax.set_yticklabels(["verify forward (CPU, sync)", "grammar advance", "tree copy wait", "mask build",
-                            "mask upload"], fontsize=7)
+                            "mask upload", "mask apply (sampler)"], fontsize=7)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("ms relative to the target-verify launch (0); negative = before the launch")
@@ -332,7 +337,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
     pred = predict(costs, gpu, range(1, 65), serial)
     plot_timeline(runs, args.bs, RESULTS / "timeline.png")
     plot_tpot(pred, RESULTS / "timeline_tpot.png")
-    check = {k: {bs: {c: r.get(c) for c in ("grammar_ms", "free_period_ms", "period_ms", "predicted_period_ms",
+    check = {k: {bs: {c: r.get(c) for c in ("grammar_ms", "apply_ms", "free_period_ms", "period_ms", "predicted_period_ms",
                                             "prediction_error")} for bs, r in run["by_bs"].items()}
              for k, run in runs.items()}
     (RESULTS / "timeline.json").write_text(json.dumps(
@@ -351,21 +356,21 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
                      f"SGLang {r['meta'].get('sglang')}, xgrammar {r['meta'].get('xgrammar')})")
     lines.append("- `.venvs/sglang-0.5.23/bin/python benchmarks/timeline.py plot`")
     lines += ["", "## Measured on the CPU engine (medians per step, ms; tiny 4k-vocab follower model, EAGLE3 topk 1)", "",
-              "| path | bs | steps | advance | tree wait | mask build | upload | grammar | verify fwd (CPU) | "
+              "| path | bs | steps | advance | tree wait | mask build | upload | grammar | mask apply | verify fwd (CPU) | "
               "step, constrained | step, unconstrained | predicted step | error |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, run in runs.items():
         for bs, r in run["by_bs"].items():
             ph = r["phase_ms"]
             fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
             err = r.get("prediction_error")
             lines.append(f"| {k} | {bs} | {r['steps']} | {fmt(ph['advance'])} | {fmt(ph['tree_wait'])} | "
-                         f"{fmt(ph['mask_build'])} | {fmt(ph['mask_upload'])} | {fmt(r['grammar_ms'])} | "
+                         f"{fmt(ph['mask_build'])} | {fmt(ph['mask_upload'])} | {fmt(r['grammar_ms'])} | {fmt(r['apply_ms'])} | "
                          f"{fmt(r['forward_ms'])} | {fmt(r['period_ms'])} | {fmt(r['free_period_ms'])} | "
                          f"{fmt(r.get('predicted_period_ms'))} | {'—' if err is None else f'{err:+.1%}'} |")
     lines += ["", "Model check: on CPU nothing is hidden, so the model predicts a constrained step = the unconstrained "
-              "step of the same batch in the same engine + the measured grammar phases; `error` = predicted / measured "
-              "- 1.", "", "## Predicted TPOT on 1x H100, Llama-3.1-8B + EAGLE3 (ms per output token)", "",
+              "step of the same batch in the same engine + the measured grammar phases + the sampler's mask "
+              "application; `error` = predicted / measured - 1.", "", "## Predicted TPOT on 1x H100, Llama-3.1-8B + EAGLE3 (ms per output token)", "",
               f"GPU model: {asdict(gpu)} (sources in `benchmarks/timeline.py`, `GpuModel`). Grammar cost per step: "
               "`benchmarks/results/grammar_step.json` (32k vocab, nested JSON schema, topk 1 / 3 steps / 4 nodes; "
               "SGLang's Python DFS for the stock paths, the plugin's one-thread lockstep build for the plugin). "

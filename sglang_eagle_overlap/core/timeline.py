@@ -14,12 +14,14 @@ Events (``name``, absolute ``t0`` / ``t1`` in seconds of ``perf_counter``, ``bs`
 * ``mask_upload``  -- the mask's host-to-device copy (and the plugin's time-limit handling);
 * ``tree_copy``    -- a point: the async tree copy was started (plugin, before the launch);
 * ``sample``       -- a point: sampling needs the mask now (the mask is handed to the sampler);
+* ``mask_apply``   -- the sampler applying the mask to the logits (after ``sample``; belongs to the step before);
 * ``step``         -- the whole verify step (``run_eagle_verify``), recorded for every batch, ``grammar`` says
   whether the batch had a grammar.
 
 :func:`group_steps` turns the flat event log into per-step records relative to the verify launch: a step is closed
 by its ``sample`` point and owns every grammar phase that ended since the previous ``sample`` -- whichever side of
-the launch it ran on (stock 0.5.16 advances in post-processing, before the next launch: negative times).
+the launch it ran on (stock 0.5.16 advances in post-processing, before the next launch: negative times) -- and the
+``mask_apply`` that follows its ``sample``.
 
 On a CPU engine the "forward" runs synchronously in the launching thread, so a measured timeline shows no real
 overlap; it measures the CPU phases. On a GPU the ``forward`` span is only the launch call.
@@ -145,8 +147,9 @@ def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
     """Per grammar verify step: phase intervals in ms relative to the verify launch (start of its ``forward``).
 
     Returns dicts with ``bs``, ``launch_s`` (absolute), ``forward`` ``[0, end]``, ``phases`` ``{name: [[s, e], ...]}``,
-    ``tree_copy`` (ms or None), ``sample`` (ms), ``grammar_ms`` (sum of phase durations) and ``period_ms`` (launch to
-    the next grammar step's launch with the same bs, None for the last). Steps without a grammar forward are skipped.
+    ``tree_copy`` (ms or None), ``sample`` (ms), ``grammar_ms`` (sum of the grammar phase durations, up to
+    ``sample``), ``apply_ms`` (the sampler's mask application after it) and ``period_ms`` (launch to the next grammar
+    step's launch with the same bs, None for the last). Steps without a grammar forward are skipped.
     """
     evs = sorted(events, key=lambda e: (e[2], e[1]))
     steps: List[Dict[str, Any]] = []
@@ -159,6 +162,13 @@ def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
                 last_forward = ev
             continue
         if name == "step":
+            continue
+        if name == "mask_apply":
+            if steps and ev[1] >= steps[-1]["launch_s"] + steps[-1]["sample"] / 1e3:
+                last = steps[-1]
+                last["phases"].setdefault("mask_apply", []).append(
+                    [(ev[1] - last["launch_s"]) * 1e3, (ev[2] - last["launch_s"]) * 1e3])
+                last["apply_ms"] += (ev[2] - ev[1]) * 1e3
             continue
         if name != "sample":
             pending.append(ev)
@@ -185,6 +195,7 @@ def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
             "tree_copy": tree_copy,
             "sample": rel(ev[1]),
             "grammar_ms": grammar_ms,
+            "apply_ms": 0.0,
             "period_ms": None,
         })
         pending = []

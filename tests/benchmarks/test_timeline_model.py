@@ -77,10 +77,11 @@ def test_summary_predicts_constrained_steps_from_free_steps_plus_grammar(tl):
     for i in range(4):
         L = 2.0 + 0.013 * i
         events += [("forward", L, L + 0.004, 2, True), ("advance", L + 0.004, L + 0.005, 2, True),
-                   ("mask_build", L + 0.005, L + 0.007, 2, True), ("sample", L + 0.007, L + 0.007, 2, True)]
+                   ("mask_build", L + 0.005, L + 0.006, 2, True), ("sample", L + 0.006, L + 0.006, 2, True),
+                   ("mask_apply", L + 0.006, L + 0.007, 2, True)]
     row = tl.summarize(events)["by_bs"][2]
     assert row["steps"] == 4
-    assert row["grammar_ms"] == pytest.approx(3.0)
+    assert row["grammar_ms"] == pytest.approx(2.0) and row["apply_ms"] == pytest.approx(1.0)
     assert row["free_period_ms"] == pytest.approx(10.0) and row["period_ms"] == pytest.approx(13.0)
     assert row["predicted_period_ms"] == pytest.approx(13.0) and row["prediction_error"] == pytest.approx(0.0, abs=1e-9)
     assert row["phase_ms"]["advance"] == pytest.approx(1.0) and row["phase_ms"]["tree_wait"] == 0

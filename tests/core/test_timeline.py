@@ -117,3 +117,11 @@ def test_a_sample_without_its_forward_drops_the_orphan_phases():
     events = [("advance", 1.0, 1.1, 0, True), ("sample", 1.2, 1.2, 1, True)] + _overlap_step(2.0)
     steps = T.group_steps(events)
     assert len(steps) == 1 and steps[0]["phases"]["advance"] == [pytest.approx([10.0, 11.0])]
+
+
+def test_mask_apply_after_the_sample_belongs_to_the_step_before():
+    events = _overlap_step(1.0) + [("mask_apply", 1.0123, 1.0125, 0, True)] + _overlap_step(1.05)
+    steps = T.group_steps(events)
+    assert steps[0]["phases"]["mask_apply"] == [pytest.approx([12.3, 12.5])]
+    assert steps[0]["apply_ms"] == pytest.approx(0.2) and steps[0]["grammar_ms"] == pytest.approx(2.2)
+    assert "mask_apply" not in steps[1]["phases"] and steps[1]["apply_ms"] == 0.0

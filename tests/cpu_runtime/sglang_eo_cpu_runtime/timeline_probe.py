@@ -6,7 +6,8 @@ so their time lands in the product's recorder (:mod:`sglang_eagle_overlap.core.t
 
 Always (every path): ``TpModelWorker.forward_batch_generation`` for target-verify forwards -> ``forward`` span (its
 start is the *verify launch*; on CPU the forward runs synchronously inside this call), with the batch size and
-whether the batch has a grammar.
+whether the batch has a grammar; ``XGrammarGrammar.apply_vocab_mask`` -> ``mask_apply`` (the sampler applying the
+mask; neither plugin changes it).
 
 Only when the product plugin is off (stock SGLang; with the plugin on, its own hooks stamp the grammar phases):
 
@@ -84,6 +85,20 @@ def install(scheduler: Any, version: tuple) -> None:
             tl.span("forward", t0, t1, bs, grammar)
 
     tp_worker.TpModelWorker.forward_batch_generation = forward_batch_generation
+
+    from sglang.srt.constrained import xgrammar_backend
+
+    apply = xgrammar_backend.XGrammarGrammar.apply_vocab_mask  # an instance method (already CPU-hooked)
+
+    @functools.wraps(apply)
+    def apply_vocab_mask(*args: Any, **kwargs: Any) -> Any:
+        t0 = clock()
+        try:
+            return apply(*args, **kwargs)
+        finally:
+            tl.span("mask_apply", t0, clock())
+
+    xgrammar_backend.XGrammarGrammar.apply_vocab_mask = apply_vocab_mask
     if not stock:
         return
 
