@@ -264,7 +264,8 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
         run = runs[key]
         step = representative(run["steps"], bs)
         ver, kind = key.split("-")
-        ax.set_title(PATHS[(ver, kind == "plugin")][0] + f"  (bs {bs}, median step of {run['by_bs'][str(bs)]['steps']})",
+        n_steps = run["by_bs"].get(str(bs), {}).get("steps", 0)
+        ax.set_title(PATHS[(ver, kind == "plugin")][0] + f"  (bs {bs}, median step of {n_steps})",
                      fontsize=9, loc="left")
         if step is None:
             continue
@@ -276,7 +277,9 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
         ax.axvline(step["sample"], color="green", lw=1.2, ls="--")
         ax.text(step["sample"], len(lanes) - 0.4, " sampling needs mask", color="green", fontsize=7, va="top")
         if step.get("tree_copy") is not None:
-            ax.plot([step["tree_copy"]], [3], marker="v", color="k")
+            ax.plot([step["tree_copy"]], [LANES.index("tree_wait")], marker="v", color="k")
+            ax.text(step["tree_copy"], LANES.index("tree_wait") + 0.45, "async tree copy start ", fontsize=6,
+                    ha="right")
         ax.set_yticks(range(len(lanes)))
         ax.set_yticklabels(["verify forward (CPU, sync)", "grammar advance", "tree copy wait", "mask build",
                             "mask upload", "mask apply (sampler)"], fontsize=7)
@@ -337,9 +340,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
     pred = predict(costs, gpu, range(1, 65), serial)
     plot_timeline(runs, args.bs, RESULTS / "timeline.png")
     plot_tpot(pred, RESULTS / "timeline_tpot.png")
-    check = {k: {bs: {c: r.get(c) for c in ("grammar_ms", "apply_ms", "free_period_ms", "period_ms", "predicted_period_ms",
-                                            "prediction_error")} for bs, r in run["by_bs"].items()}
-             for k, run in runs.items()}
+    cols = ("grammar_ms", "apply_ms", "free_period_ms", "period_ms", "predicted_period_ms", "prediction_error")
+    check = {k: {bs: {c: r.get(c) for c in cols} for bs, r in run["by_bs"].items()} for k, run in runs.items()}
     (RESULTS / "timeline.json").write_text(json.dumps(
         {"gpu_model": asdict(gpu), "serial_ms": serial, "prediction": pred, "cpu_check": check,
          "runs_meta": {k: r["meta"] for k, r in runs.items()}}, indent=1))
@@ -355,9 +357,10 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
         lines.append(f"- `{r['meta'].get('command', '?')}` ({k}; {r['meta'].get('machine', '?')}, "
                      f"SGLang {r['meta'].get('sglang')}, xgrammar {r['meta'].get('xgrammar')})")
     lines.append("- `.venvs/sglang-0.5.23/bin/python benchmarks/timeline.py plot`")
-    lines += ["", "## Measured on the CPU engine (medians per step, ms; tiny 4k-vocab follower model, EAGLE3 topk 1)", "",
-              "| path | bs | steps | advance | tree wait | mask build | upload | grammar | mask apply | verify fwd (CPU) | "
-              "step, constrained | step, unconstrained | predicted step | error |",
+    lines += ["", "## Measured on the CPU engine (medians per step, ms; tiny 4k-vocab follower model, EAGLE3 topk 1)",
+              "",
+              "| path | bs | steps | advance | tree wait | mask build | upload | grammar | mask apply | "
+              "verify fwd (CPU) | step, constrained | step, unconstrained | predicted step | error |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, run in runs.items():
         for bs, r in run["by_bs"].items():
@@ -365,12 +368,14 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
             fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
             err = r.get("prediction_error")
             lines.append(f"| {k} | {bs} | {r['steps']} | {fmt(ph['advance'])} | {fmt(ph['tree_wait'])} | "
-                         f"{fmt(ph['mask_build'])} | {fmt(ph['mask_upload'])} | {fmt(r['grammar_ms'])} | {fmt(r['apply_ms'])} | "
+                         f"{fmt(ph['mask_build'])} | {fmt(ph['mask_upload'])} | {fmt(r['grammar_ms'])} | "
+                         f"{fmt(r['apply_ms'])} | "
                          f"{fmt(r['forward_ms'])} | {fmt(r['period_ms'])} | {fmt(r['free_period_ms'])} | "
                          f"{fmt(r.get('predicted_period_ms'))} | {'—' if err is None else f'{err:+.1%}'} |")
     lines += ["", "Model check: on CPU nothing is hidden, so the model predicts a constrained step = the unconstrained "
               "step of the same batch in the same engine + the measured grammar phases + the sampler's mask "
-              "application; `error` = predicted / measured - 1.", "", "## Predicted TPOT on 1x H100, Llama-3.1-8B + EAGLE3 (ms per output token)", "",
+              "application; `error` = predicted / measured - 1.", "",
+              "## Predicted TPOT on 1x H100, Llama-3.1-8B + EAGLE3 (ms per output token)", "",
               f"GPU model: {asdict(gpu)} (sources in `benchmarks/timeline.py`, `GpuModel`). Grammar cost per step: "
               "`benchmarks/results/grammar_step.json` (32k vocab, nested JSON schema, topk 1 / 3 steps / 4 nodes; "
               "SGLang's Python DFS for the stock paths, the plugin's one-thread lockstep build for the plugin). "
@@ -380,7 +385,8 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
     lines.append("| path | " + " | ".join(f"bs {b}" for b in show) + " | grammar unhidden from bs |")
     lines.append("|---|" + "---|" * (len(show) + 1))
     first = next(iter(pred["paths"].values()))
-    lines.append("| no grammar | " + " | ".join(f"{first['unconstrained_tpot_ms'][b - 1]:.2f}" for b in show) + " | — |")
+    free = first["unconstrained_tpot_ms"]
+    lines.append("| no grammar | " + " | ".join(f"{free[b - 1]:.2f}" for b in show) + " | — |")
     for k, p in pred["paths"].items():
         cells = []
         for b in show:
@@ -388,7 +394,11 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
             v = f"{r['tpot_ms']:.2f}"
             cells.append(f"**{v}**" if p["mode"] == "overlap" and not r["hidden"] else v)
         fu = p["first_unhidden_bs"]
-        lines.append(f"| {p['label']} | " + " | ".join(cells) + f" | {'never (≤ 64)' if fu is None and p['mode'] == 'overlap' else ('always (sync)' if p['mode'] == 'sync' else fu)} |")
+        if p["mode"] == "sync":
+            where = "always (sync)"
+        else:
+            where = "never (≤ 64)" if fu is None else str(fu)
+        lines.append(f"| {p['label']} | " + " | ".join(cells) + f" | {where} |")
     lines.append("")
     return "\n".join(lines)
 
