@@ -145,7 +145,8 @@ class StepStats:
     ``grammar_s`` is what one verify step spends on the CPU between the verify launch and the mask upload: ledger
     advance (barrier) + tree-copy wait + mask build (+ upload). ``unhidden_s`` is the part of it after the verify
     forward was ready, i.e. what sampling waited for (estimated by
-    :class:`~sglang_eagle_overlap.metrics.ForwardReadyProbe`; on CPU all of ``grammar_s``). ``counters`` holds the adapters' event counts.
+    :class:`~sglang_eagle_overlap.metrics.ForwardReadyProbe`; on CPU all of ``grammar_s``). ``counters`` holds the
+    adapters' event counts.
     """
 
     steps: int = 0
