@@ -1,0 +1,135 @@
+"""Pure helpers of the engine step benchmark (no engine): the scheduler-side step clock and the result summaries.
+
+``sglang_eo_cpu_runtime.step_times`` turns ``run_batch`` launches into decode-step records and counts grammar time
+once across nested regions; ``benchmarks/bench_engine_step.py`` reduces those records to medians and ratios.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    """Import a file by path: neither the benchmark nor the (self-contained) step_times module needs SGLang or an
+    installed CPU runtime, so these tests run in any environment."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+step_times = _load("eo_step_times", _ROOT / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "step_times.py")
+bench = _load("bench_engine_step", _ROOT / "benchmarks" / "bench_engine_step.py")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_grammar_timer_counts_nested_regions_once():
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+    calls = []
+
+    @timer.wrap
+    def advance():
+        clock.t += 0.002
+        calls.append("advance")
+
+    @timer.wrap
+    def build_mask():
+        clock.t += 0.001
+        advance()  # the barrier inside the mask build (0.5.23)
+        clock.t += 0.003
+        return "mask"
+
+    assert build_mask() == "mask"
+    assert timer.total_s == pytest.approx(0.006)
+    clock.t += 1.0  # outside any region: not grammar time
+    advance()
+    assert timer.total_s == pytest.approx(0.008)
+    assert calls == ["advance", "advance"]
+
+
+def test_grammar_timer_closes_region_on_exception():
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+
+    @timer.wrap
+    def rejects():
+        clock.t += 0.004
+        raise ValueError("token rejected")
+
+    with pytest.raises(ValueError):
+        rejects()
+    clock.t += 1.0
+    assert timer.total_s == pytest.approx(0.004)
+
+
+def test_step_clock_records_only_decode_to_decode_intervals():
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+    sc = step_times.StepClock(timer, clock)
+    region = timer.wrap(lambda dt: setattr(clock, "t", clock.t + dt))
+
+    assert sc.launch(is_decode=False, bs=8) is False  # prefill
+    clock.t = 1.0
+    assert sc.launch(is_decode=True, bs=8) is False  # first decode: nothing before it to close
+    clock.t = 1.010
+    sc.launched()  # run_batch took 10 ms
+    region(0.002)  # grammar work in this iteration
+    clock.t = 1.030
+    assert sc.launch(is_decode=True, bs=8) is True
+    clock.t = 1.045
+    sc.launched()
+    clock.t = 1.070
+    assert sc.launch(is_decode=False, bs=16) is False  # decode -> prefill: not a decode step
+    clock.t = 5.0  # an idle wait, then decode again
+    assert sc.launch(is_decode=True, bs=16) is False
+    clock.t = 5.040
+    assert sc.launch(is_decode=True, bs=16) is True
+
+    assert len(sc.steps) == 2
+    (s0, g0, r0, b0), (s1, g1, r1, b1) = sc.steps
+    assert (s0, g0, r0, b0) == pytest.approx((30.0, 2.0, 10.0, 8.0))
+    assert (s1, g1, r1, b1) == pytest.approx((40.0, 0.0, 0.0, 16.0))
+
+
+def test_summaries_and_ratio():
+    steps = [[10.0, 1.0, 9.0, 8], [20.0, 4.0, 18.0, 8], [30.0, 3.0, 27.0, 8], [99.0, 50.0, 90.0, 7]]
+    full = bench.full_batch_steps(steps, 8)
+    assert [s[0] for s in full] == [10.0, 20.0, 30.0]
+    su = bench.summarize_steps(full)
+    assert su["n"] == 3
+    assert su["step_ms"] == 20.0
+    assert su["grammar_ms"] == 3.0
+    assert su["run_batch_ms"] == 18.0
+    assert su["grammar_share"] == pytest.approx(0.1)  # median of 0.1, 0.2, 0.1
+    assert su["grammar_share_total"] == pytest.approx(8.0 / 60.0)
+    assert su["step_ms_p10"] == pytest.approx(12.0)
+    assert su["step_ms_p90"] == pytest.approx(28.0)
+    assert bench.summarize_steps([]) == {"n": 0}
+
+    off = bench.summarize_steps([[30.0, 3.0, 27.0, 8]])
+    assert bench.ratio(off, su) == pytest.approx(1.5)
+    assert bench.ratio(off, {"n": 0}) is None
+
+
+def test_stats_deltas_and_plugin_per_step():
+    before = {"steps": 10, "grammar_s": 0.010, "advance_s": 0.004, "tree_wait_s": 0.001, "mask_s": 0.005}
+    after = {"steps": 14, "grammar_s": 0.018, "advance_s": 0.006, "tree_wait_s": 0.001, "mask_s": 0.011}
+    d = bench.delta(after, before, bench.PLUGIN_KEYS)
+    per = bench.plugin_per_step_ms(d)
+    assert per == pytest.approx({"grammar_ms": 2.0, "advance_ms": 0.5, "tree_wait_ms": 0.0, "mask_ms": 1.5})
+    assert bench.plugin_per_step_ms(bench.delta({}, {}, bench.PLUGIN_KEYS)) is None
+    assert bench.delta({"grammar_decode_batches": 5}, {}, bench.COUNTER_KEYS) == {
+        "grammar_decode_batches": 5, "overlap_disabled_grammar_decode_batches": 0}
