@@ -4,7 +4,7 @@ For each EAGLE3 variant (topk 1: 3 steps / 4 draft tokens; topk 4: 3 steps / 8 d
 engine (``sglang_eo_cpu_runtime.engine.start_engine``, the hand-set "follower" pair whose drafts the grammar accepts,
 overlap scheduler on) is started per run, alternating plugin on / plugin off (``SGLANG_EAGLE_OVERLAP=0``):
 on, off, on, off. Each run warms up once, then sends batches of 8 and 16 identical-schema requests
-(``FOLLOWER_SCHEMA``, greedy, ``max_new_tokens`` 64; the follower writes its ~20-token document then stops), several
+(``FOLLOWER_SCHEMA``, greedy, ``max_new_tokens`` 64; the follower writes its 16-token document then stops: 4 verify steps of 4 tokens), several
 rounds each, and checks every output is the follower document.
 
 Measured in the scheduler process (``sglang_eo_cpu_runtime.step_times``): the wall time of each decode step (one
