@@ -1,11 +1,11 @@
-"""Decode step time of the real SGLang engine on CPU, product plugin on vs off, under constrained EAGLE3 load (issue #4).
+"""Decode step time of the real SGLang engine on CPU, plugin on vs off, under constrained EAGLE3 load (issue #4).
 
 For each EAGLE3 variant (topk 1: 3 steps / 4 draft tokens; topk 4: 3 steps / 8 draft tokens) a fresh in-process CPU
 engine (``sglang_eo_cpu_runtime.engine.start_engine``, the hand-set "follower" pair whose drafts the grammar accepts,
 overlap scheduler on) is started per run, alternating plugin on / plugin off (``SGLANG_EAGLE_OVERLAP=0``):
 on, off, on, off. Each run warms up once, then sends batches of 8 and 16 identical-schema requests
-(``FOLLOWER_SCHEMA``, greedy, ``max_new_tokens`` 64; the follower writes its 16-token document then stops: 4 verify steps of 4 tokens), several
-rounds each, and checks every output is the follower document.
+(``FOLLOWER_SCHEMA``, greedy, ``max_new_tokens`` 64; the follower writes its 16-token document then stops:
+4 verify steps of 4 tokens), several rounds each, and checks every output is the follower document.
 
 Measured in the scheduler process (``sglang_eo_cpu_runtime.step_times``): the wall time of each decode step (one
 scheduler-loop iteration between two grammar decode-batch launches: schedule + forward + verify mask + processing of
@@ -129,7 +129,8 @@ def markdown(result: Dict[str, Any]) -> str:
         for variant in ("on", "off"):
             s = row[variant]
             if not s["summary"].get("n"):
-                lines.append(f"| {row['spec']} | {row['bs']} | {variant} | 0 | – | – | – | – | – | – | – | – |")
+                empty = " – |" * 8
+                lines.append(f"| {row['spec']} | {row['bs']} | {variant} | 0 |{empty}")
                 continue
             su = s["summary"]
             p = s.get("plugin_ms")
