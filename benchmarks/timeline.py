@@ -169,6 +169,10 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
     hidden)."""
     steps = group_steps(events)
     free = step_periods(events, grammar=False)
+    free_fwd: Dict[int, List[float]] = {}
+    for e in events:
+        if e[0] == "forward" and not e[4]:
+            free_fwd.setdefault(e[3], []).append((e[2] - e[1]) * 1e3)
     by_bs: Dict[int, Dict[str, Any]] = {}
     for bs in sorted({s["bs"] for s in steps}):
         ss = [s for s in steps if s["bs"] == bs]
@@ -184,6 +188,7 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
             "sample_ms": statistics.median([s["sample"] for s in ss]),
             "period_ms": statistics.median(periods) if periods else None,
             "free_period_ms": statistics.median(free[bs]) if free.get(bs) else None,
+            "free_forward_ms": statistics.median(free_fwd[bs]) if free_fwd.get(bs) else None,
         }
         if row["period_ms"] and row["free_period_ms"]:
             row["predicted_period_ms"] = row["free_period_ms"] + row["grammar_ms"] + row["apply_ms"]

@@ -15,8 +15,6 @@ Events (``name``, absolute ``t0`` / ``t1`` in seconds of ``perf_counter``, ``bs`
 * ``tree_copy``    -- a point: the async tree copy was started (plugin, before the launch);
 * ``sample``       -- a point: sampling needs the mask now (the mask is handed to the sampler);
 * ``mask_apply``   -- the sampler applying the mask to the logits (after ``sample``; belongs to the step before);
-* ``step``         -- the whole verify step (``run_eagle_verify``), recorded for every batch, ``grammar`` says
-  whether the batch had a grammar.
 
 :func:`group_steps` turns the flat event log into per-step records relative to the verify launch: a step is closed
 by its ``sample`` point and owns every grammar phase that ended since the previous ``sample`` -- whichever side of
