@@ -115,6 +115,40 @@ def main(expected_root: str) -> dict:
         verify_input,
     ) is None
 
+    # A matcher that raises during the build (a real XGrammarGrammar whose matcher is corrupt: it breaks xgrammar's
+    # batched walk, then fails the per-request walk): that request alone is aborted and its drafts made unmatchable.
+    class _CorruptMatcher:
+        def is_terminated(self):
+            return False
+
+        def accept_token(self, token):
+            return True
+
+        def rollback(self, k):
+            pass
+
+        def fill_next_token_bitmask(self, bitmask, idx):
+            raise RuntimeError("boom: corrupt matcher")
+
+    fresh = [_req(r.rid, sglang_grammar(("nested", "regex", "ebnf")[i], VOCAB, list(r.grammar.accepted_tokens)),
+                  r.output_ids) for i, r in enumerate(refs)]
+    fresh[1].grammar.matcher = _CorruptMatcher()
+    fb = SimpleNamespace(reqs=fresh, spec_algorithm=SpeculativeAlgorithm.EAGLE3, forward_mode=ForwardMode.TARGET_VERIFY,
+                         sampling_info=SimpleNamespace(vocab_size=VOCAB, vocab_mask=None))
+    fv = SimpleNamespace(retrieve_next_token=nxt, retrieve_next_sibling=sib, draft_token=tok.flatten().clone(),
+                         grammar=None)
+    queue.clear()
+    grammar_overlap.build_vocab_mask(grammar_overlap.begin_verify(fb, fv), fv, fb)
+    drafts = fv.draft_token.view(len(fresh), n)
+    facts["mask_failure_aborts_alone"] = (
+        fresh[1].to_finish is not None and "mask build failed" in getattr(fresh[1].to_finish, "message", "")
+        and fresh[0].to_finish is None and fresh[2].to_finish is None
+    )
+    facts["mask_failure_drafts_neutralised"] = (
+        bool((drafts[1, 1:] == -1).all()) and torch.equal(drafts[0], tok[0]) and torch.equal(drafts[2], tok[2])
+    )
+    facts["mask_failures"] = grammar_overlap.COUNTERS["mask_failures"]
+
     # -- 3. post-processing replays (advance exactly once), upstream's retained prefix --------------------------
     eagle_proc = _processor(brp, "EAGLE3")
     upstream_proc = _processor(brp, None)  # the ledger is off: upstream's own loop
@@ -141,7 +175,7 @@ def main(expected_root: str) -> dict:
                                           and mine.grammar.is_terminated() == theirs.grammar.is_terminated())
         facts[f"{name}_abort_equal"] = (mine.to_finish is None) == (theirs.to_finish is None)
         facts[f"{name}_retained"] = got_r
-    facts["rejected_aborts"] = grammar_overlap.COUNTERS["aborts"] == 1
+    facts["rejected_aborts"] = grammar_overlap.COUNTERS["aborts"] == 2  # the mask failure above, then this one
 
     # -- 4. prefill: barrier feeds the extend token, _apply_prefill_grammar replays it ----------------------------
     doc = list(doc_tokens("regex", random.Random(3), VOCAB))

@@ -77,6 +77,11 @@ def test_barrier_then_native_mask_equals_upstream(facts):
     assert facts["vocab_mask_cleared"] and facts["verify_grammar_set"], facts
 
 
+def test_mask_build_failure_aborts_that_request_alone(facts):
+    assert facts["mask_failures"] == 1, facts
+    assert facts["mask_failure_aborts_alone"] and facts["mask_failure_drafts_neutralised"], facts
+
+
 def test_post_processing_replays_exactly_once(facts):
     assert facts["replay_retained_runs"] and facts["fed_once"], facts
     assert facts["replays"] == 3, facts
