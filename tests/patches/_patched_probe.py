@@ -61,6 +61,37 @@ def main(expected_root: str) -> dict:
     facts["run"] = run
     facts["fed_once"] = req.grammar.accepted_tokens == before + res.grammar_retained_tokens[0]
     facts["ledger_used"] = brp._grammar_ledger().tokens_fed == len(res.grammar_retained_tokens[0])
+
+    # A grammar that raises during the build (its matcher is corrupt: it breaks the batched walk, then the
+    # per-request walk): that request alone is aborted with a clear error and its drafts are made unmatchable.
+    class _CorruptMatcher:
+        def is_terminated(self):
+            return False
+
+        def accept_token(self, token):
+            return True
+
+        def rollback(self, k):
+            pass
+
+        def fill_next_token_bitmask(self, bitmask, idx):
+            raise RuntimeError("boom: corrupt matcher")
+
+    reqs[1].grammar.matcher = _CorruptMatcher()
+    n = nxt.shape[-1]
+    draft = tok.clone()
+    tree = spec_utils.GrammarTree.from_device(nxt, sib, draft)
+    spec_utils.build_grammar_vocab_mask(reqs=reqs, tree=tree, sampling_info=info, device=torch.device("cpu"),
+                                        barrier=None)
+    drafts = tree.draft_device.view(len(reqs), n)
+    facts["mask_failure_aborts_alone"] = (
+        reqs[1].to_finish is not None and "mask build failed" in getattr(reqs[1].to_finish, "message", "")
+        and reqs[0].to_finish is None and reqs[2].to_finish is None
+    )
+    facts["mask_failure_drafts_neutralised"] = (
+        bool((drafts[1, 1:] == -1).all()) and torch.equal(drafts[0], tok.view(len(reqs), n)[0])
+        and torch.equal(drafts[2], tok.view(len(reqs), n)[2])
+    )
     return facts
 
 

@@ -53,3 +53,9 @@ def test_patched_modules_import_and_mask_path_runs(patched_copy):
     assert facts["from_copy"], facts["sglang_file"]
     assert facts["mask_equal"] and facts["barrier_called"] and facts["grammar_mask_reset"] and facts["has_draft_device"]
     assert facts["fed_once"] and facts["ledger_used"]
+    assert facts["mask_failure_aborts_alone"] and facts["mask_failure_drafts_neutralised"], facts
+
+
+def test_patch_has_no_binary_or_cache_files():
+    text = _PATCHES[0].read_text()
+    assert "GIT binary patch" not in text and "__pycache__" not in text and ".pyc" not in text
