@@ -33,6 +33,7 @@ import os
 import platform
 import shlex
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def cpu_server(args: argparse.Namespace, plugin: bool, tmp: str) -> Iterator[Server]:
     """The real SGLang HTTP server on CPU with the tiny local models (test-only runtime in ``tests/cpu_runtime``)."""
+    os.makedirs(tmp, exist_ok=True)
     from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
 
     tag = "on" if plugin else "off"
@@ -109,6 +111,7 @@ def cpu_server(args: argparse.Namespace, plugin: bool, tmp: str) -> Iterator[Ser
 @contextlib.contextmanager
 def gpu_server(args: argparse.Namespace, plugin: bool, tmp: str) -> Iterator[Server]:
     """``python -m sglang.launch_server`` with the given target/draft and EAGLE3 flags (untested: no GPU here)."""
+    os.makedirs(tmp, exist_ok=True)
     tag = "on" if plugin else "off"
     topk, steps, draft = SPEC[args.spec]
     port = _free_port()
@@ -264,24 +267,51 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}" if a and b else "–"
 
 
+_SUMMED = ("valid_json", "num_prompts", "grammar_decode_batches", "grammar_decode_batches_synced")
+
+
+def aggregate(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per (plugin, grammar, rate, concurrency): the median over rounds of each metric (bench_serving's
+    medians and p99s, accept length), counts summed, and the per-round rows kept under ``rounds``."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["plugin"], r["grammar"], r["request_rate"], r["max_concurrency"]), []).append(r)
+    out = []
+    for (plugin, grammar, rate, conc), rows in groups.items():
+        agg: Dict[str, Any] = {"plugin": plugin, "grammar": grammar, "request_rate": rate, "max_concurrency": conc,
+                               "rounds": rows}
+        for key, value in rows[0].items():
+            if key in agg or isinstance(value, bool) or not isinstance(value, (int, float)) or key == "round":
+                continue
+            values = [r[key] for r in rows if r.get(key) is not None]
+            agg[key] = (sum(values) if key in _SUMMED else statistics.median(values)) if values else None
+        for key in _SUMMED:
+            agg.setdefault(key, None)
+        out.append(agg)
+    return out
+
+
 def markdown(report: Dict[str, Any]) -> str:
-    m = report["machine"]
+    m, cfg = report["machine"], report["config"]
+    rows = aggregate(report["runs"])
     lines = [
         f"# Serving benchmark, constrained EAGLE3 (SGLang {m['sglang']})",
         "",
         f"Command: `{report['command']}`  ",
         f"Machine: {m['description']}  ",
         f"Server: {report['server']}  ",
-        f"Requests: {report['config']['num_prompts']} prompts per run (dataset seed {report['config']['seed']}, "
-        f"{', '.join(report['config']['families'])}), max_new_tokens {report['config']['max_new_tokens']}, greedy; "
-        "grammar on = each prompt with its JSON schema (request ends with the document), grammar off = same prompts "
-        "without schema, ignore_eos. Sent and measured by `sglang.bench_serving` (backend `sglang`, streaming).",
+        f"Requests: {cfg['num_prompts']} prompts per run (dataset seed {cfg['seed']}, {', '.join(cfg['families'])}), "
+        f"max_new_tokens {cfg['max_new_tokens']}, greedy; grammar on = each prompt with its JSON schema (the request "
+        "ends with the document), grammar off = the same prompts without schema, ignore_eos. Sent and measured by "
+        "`sglang.bench_serving` (backend `sglang`, streaming). "
+        f"{cfg['rounds']} round(s): a fresh server per plugin state and round, order on, off, off, on, ...; each cell "
+        "is the median over rounds of bench_serving's numbers.",
         "",
         "| plugin | grammar | rate | conc | req/s | out tok/s | TTFT med (ms) | TTFT p99 | TPOT med (ms) | TPOT p99 "
         "| out len | accept len | valid JSON | grammar batches synced |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in report["runs"]:
+    for r in rows:
         synced = (f"{int(r['grammar_decode_batches_synced'])}/{int(r['grammar_decode_batches'])}"
                   if r["grammar_decode_batches"] is not None and r["grammar"] else "–")
         valid = f"{r['valid_json']}/{r['num_prompts']}" if r["valid_json"] is not None else "–"
@@ -291,27 +321,34 @@ def markdown(report: Dict[str, Any]) -> str:
             f"| {_fmt(r['p99_ttft_ms'])} | {_fmt(r['median_tpot_ms'])} | {_fmt(r['p99_tpot_ms'])} "
             f"| {_fmt(r['mean_output_len'], 0)} | {_fmt(r['accept_length'], 2)} | {valid} | {synced} |"
         )
-    lines += ["", "Plugin on / off, same run (throughput > 1 and latency < 1 favour the plugin):", "",
+    lines += ["", "Plugin on / off (throughput > 1 and latency < 1 favour the plugin; in brackets the ratio within each "
+              "round). With grammar off the plugin has nothing to do, so those rows show the run-to-run spread:", "",
               "| grammar | rate | conc | out tok/s | TTFT med | TTFT p99 | TPOT med | TPOT p99 | accept len |",
               "|---|---|---|---|---|---|---|---|---|"]
-    by_key = {(r["plugin"], r["grammar"], r["request_rate"], r["max_concurrency"]): r for r in report["runs"]}
+    by_key = {(r["plugin"], r["grammar"], r["request_rate"], r["max_concurrency"]): r for r in rows}
     for (plugin, grammar, rate, conc), on in by_key.items():
         off = by_key.get(("off", grammar, rate, conc))
         if plugin != "on" or off is None:
             continue
-        cells = [_ratio(on[k], off[k]) for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                                                  "median_tpot_ms", "p99_tpot_ms", "accept_length")]
+        cells = []
+        for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+                  "accept_length"):
+            per_round = {r["round"]: r[k] for r in off["rounds"]}
+            rr = [_ratio(r[k], per_round.get(r["round"])) for r in on["rounds"]]
+            cells.append(_ratio(on[k], off[k]) + (f" ({', '.join(rr)})" if len(rr) > 1 else ""))
         lines.append(f"| {'on' if grammar else 'off'} | {_fmt(rate)} | {conc} | " + " | ".join(cells) + " |")
     lines += [""]
-    for tag, s in report["servers"].items():
-        p = s.get("plugin_stats") or {}
+    for tag, srv in report["servers"].items():
+        p = srv.get("plugin_stats") or {}
         n = p.get("steps") or 0
         per_step = f"{p['grammar_s'] / n * 1e3:.3f} ms grammar work per step" if n else "no plugin steps"
-        lines.append(f"- plugin {tag}: plugin active={p.get('active', False)}, {n} constrained verify steps, "
-                     f"{per_step}; server start {s['start_s']:.0f} s")
-    lines += ["", "out len = mean completion tokens per request; accept len = completion tokens / verify steps over the measured requests (from each response's "
-              "`meta_info`); grammar batches synced = speculative grammar decode batches the scheduler ran with "
-              "overlap disabled / all of them (CPU runtime counter). " + report["note"], ""]
+        lines.append(f"- server plugin {tag}: plugin active={p.get('active', False)}, {n} constrained verify steps, "
+                     f"{per_step}; server start {srv['start_s']:.0f} s")
+    lines += ["", "out len = mean completion tokens per request; accept len = completion tokens / verify steps over the "
+              "measured requests (from each response's `meta_info`); grammar batches synced = speculative grammar "
+              "decode batches the scheduler ran with overlap disabled / all of them (CPU runtime counter); valid JSON = "
+              "outputs that parse and conform to their schema (the rest hit max_new_tokens); both summed over rounds. With the plugin on, its stats file (`SGLANG_EAGLE_OVERLAP_STATS_FILE`) is written every "
+              "constrained step, a cost the plugin does not have in production. " + report["note"], ""]
     return "\n".join(lines)
 
 
@@ -367,6 +404,8 @@ def main() -> int:
     ap.add_argument("--request-rates", default="inf", help="request rates (req/s), comma-separated; inf = all at once")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=2, help="fresh servers per plugin state, order alternating "
+                    "(on, off, off, on, ...); the tables show the median over rounds (default 2)")
     ap.add_argument("--plugin", default="on,off", help="plugin states to run: on,off / on / off")
     ap.add_argument("--grammar", default="on,off", help="grammar states to run: on,off / on / off")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
@@ -410,36 +449,40 @@ def main() -> int:
     runs: List[Dict[str, Any]] = []
     servers: Dict[str, Any] = {}
     t_all = time.monotonic()
-    for plugin in plugins:
-        t0 = time.monotonic()
-        with start(args, plugin == "on", tmp) as server:
-            start_s = time.monotonic() - t0
-            for grammar in grammars:
-                for rate in args.request_rates:
-                    for conc in args.concurrencies:
-                        print(f"[bench] plugin {plugin}, grammar {grammar}, rate {rate}, concurrency {conc}", flush=True)
-                        row = run_one(serving, server, cases, grammar == "on", rate, conc, args, tmp)
-                        row["plugin"] = plugin
-                        runs.append(row)
-                        if row["errors"] or row["completed"] != len(cases):
-                            raise RuntimeError(f"failed requests in {row}; server log {server.log_path}")
-            servers[plugin] = {"start_s": start_s, "plugin_stats": _read_json(server.plugin_stats),
-                               "runtime_stats": _read_json(server.runtime_stats), "log": server.log_path}
-        if plugin == "on" and not servers[plugin]["plugin_stats"].get("active") and "on" in grammars:
-            raise RuntimeError(f"plugin on but it never ran a constrained step; see {servers[plugin]['log']}")
+    for rnd in range(args.rounds):
+        # Alternate the order (on, off, off, on, ...) so drift on a shared machine does not favour one side.
+        for plugin in plugins if rnd % 2 == 0 else plugins[::-1]:
+            t0 = time.monotonic()
+            tag = f"{plugin}-r{rnd}"
+            with start(args, plugin == "on", os.path.join(tmp, tag)) as server:
+                start_s = time.monotonic() - t0
+                for grammar in grammars:
+                    for rate in args.request_rates:
+                        for conc in args.concurrencies:
+                            print(f"[bench] round {rnd}, plugin {plugin}, grammar {grammar}, rate {rate}, "
+                                  f"concurrency {conc}", flush=True)
+                            row = run_one(serving, server, cases, grammar == "on", rate, conc, args, tmp)
+                            row.update(plugin=plugin, round=rnd)
+                            runs.append(row)
+                            if row["errors"] or row["completed"] != len(cases):
+                                raise RuntimeError(f"failed requests in {row}; server log {server.log_path}")
+                servers[tag] = {"start_s": start_s, "plugin_stats": _read_json(server.plugin_stats),
+                                "runtime_stats": _read_json(server.runtime_stats), "log": server.log_path}
+            if plugin == "on" and not servers[tag]["plugin_stats"].get("active") and "on" in grammars:
+                raise RuntimeError(f"plugin on but it never ran a constrained step; see {servers[tag]['log']}")
 
     report = {
         "command": _command(),
         "machine": machine,
         "server": server_desc,
-        "config": {"num_prompts": args.num_prompts, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+        "config": {"num_prompts": args.num_prompts, "rounds": args.rounds, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
                    "concurrencies": args.concurrencies, "request_rates": args.request_rates, "spec": args.spec,
                    "pair": None if args.model_path else args.pair, "families": sorted({c.family for c in cases})},
         "note": ("CPU numbers show the mechanics (every variant runs through the real scheduler and bench_serving), "
                  "not GPU speed: on CPU there is no device to overlap with, so the timings measure CPU work."
                  if args.device == "cpu" else "GPU run."),
         "total_wall_s": time.monotonic() - t_all,
-        "runs": runs,
+        "runs": runs,  # one row per round; the markdown tables aggregate them (aggregate())
         "servers": servers,
     }
     out = Path(args.out_dir)
