@@ -170,9 +170,12 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
     steps = group_steps(events)
     free = step_periods(events, grammar=False)
     free_fwd: Dict[int, List[float]] = {}
+    loop: Dict[Tuple[str, int, bool], List[float]] = {}  # (run_batch | postprocess, bs, grammar) -> ms
     for e in events:
         if e[0] == "forward" and not e[4]:
             free_fwd.setdefault(e[3], []).append((e[2] - e[1]) * 1e3)
+        if e[0] in ("run_batch", "postprocess"):
+            loop.setdefault((e[0], e[3], e[4]), []).append((e[2] - e[1]) * 1e3)
     by_bs: Dict[int, Dict[str, Any]] = {}
     for bs in sorted({s["bs"] for s in steps}):
         ss = [s for s in steps if s["bs"] == bs]
@@ -189,6 +192,8 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
             "period_ms": statistics.median(periods) if periods else None,
             "free_period_ms": statistics.median(free[bs]) if free.get(bs) else None,
             "free_forward_ms": statistics.median(free_fwd[bs]) if free_fwd.get(bs) else None,
+            "loop_ms": {f"{part}_{'constrained' if g else 'free'}": statistics.median(loop[(part, bs, g)])
+                        for part in ("run_batch", "postprocess") for g in (True, False) if loop.get((part, bs, g))},
         }
         if row["period_ms"] and row["free_period_ms"]:
             row["predicted_period_ms"] = row["free_period_ms"] + row["grammar_ms"] + row["apply_ms"]
@@ -335,7 +340,10 @@ def cmd_plot(args: argparse.Namespace) -> None:
     runs: Dict[str, Dict[str, Any]] = {}
     for f in sorted(RESULTS.glob("timeline_0.5.*_*.json")):
         band, kind = f.stem.split("_")[1:]
-        runs[f"{band}-{kind}"] = json.loads(f.read_text())
+        run = json.loads(f.read_text())
+        # a batch size seen only in a stray step (the warm-up's last one) says nothing
+        run["by_bs"] = {bs: r for bs, r in run["by_bs"].items() if r["steps"] >= 3}
+        runs[f"{band}-{kind}"] = run
     if not runs:
         raise SystemExit("no benchmarks/results/timeline_<band>_<stock|plugin>.json yet: run the 'run' step first")
     gpu = GpuModel(decode_ms=args.verify_ms, accept_len=args.accept_len)
@@ -380,6 +388,23 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
     lines += ["", "Model check: on CPU nothing is hidden, so the model predicts a constrained step = the unconstrained "
               "step of the same batch in the same engine + the measured grammar phases + the sampler's mask "
               "application; `error` = predicted / measured - 1.", "",
+              "Where a decode loop iteration spends its time (medians, ms; `run_batch` = draft + verify forward + "
+              "grammar + sampling, `postprocess` = `process_batch_result`), constrained / unconstrained:", "",
+              "| path | bs | run_batch | postprocess | step | rest (scheduling, other processes) |",
+              "|---|---|---|---|---|---|"]
+    for k, run in runs.items():
+        for bs, r in run["by_bs"].items():
+            lm = r.get("loop_ms") or {}
+            if not lm or r["period_ms"] is None or r["free_period_ms"] is None:
+                continue
+            rb = (lm.get("run_batch_constrained"), lm.get("run_batch_free"))
+            pp = (lm.get("postprocess_constrained"), lm.get("postprocess_free"))
+            if None in rb or None in pp:
+                continue
+            rest = (r["period_ms"] - rb[0] - pp[0], r["free_period_ms"] - rb[1] - pp[1])
+            lines.append(f"| {k} | {bs} | {rb[0]:.2f} / {rb[1]:.2f} | {pp[0]:.2f} / {pp[1]:.2f} | "
+                         f"{r['period_ms']:.2f} / {r['free_period_ms']:.2f} | {rest[0]:.2f} / {rest[1]:.2f} |")
+    lines += ["",
               "## Predicted TPOT on 1x H100, Llama-3.1-8B + EAGLE3 (ms per output token)", "",
               f"GPU model: {asdict(gpu)} (sources in `benchmarks/timeline.py`, `GpuModel`). Grammar cost per step: "
               "`benchmarks/results/grammar_step.json` (32k vocab, nested JSON schema, topk 1 / 3 steps / 4 nodes; "

@@ -7,7 +7,8 @@ so their time lands in the product's recorder (:mod:`sglang_eagle_overlap.core.t
 Always (every path): ``TpModelWorker.forward_batch_generation`` for target-verify forwards -> ``forward`` span (its
 start is the *verify launch*; on CPU the forward runs synchronously inside this call), with the batch size and
 whether the batch has a grammar; ``XGrammarGrammar.apply_vocab_mask`` -> ``mask_apply`` (the sampler applying the
-mask; neither plugin changes it).
+mask; neither plugin changes it); the scheduler instance's ``run_batch`` / ``process_batch_result`` for decode
+batches -> ``run_batch`` / ``postprocess`` spans (where a constrained loop iteration spends its time).
 
 Only when the product plugin is off (stock SGLang; with the plugin on, its own hooks stamp the grammar phases):
 
@@ -85,6 +86,31 @@ def install(scheduler: Any, version: tuple) -> None:
             tl.span("forward", t0, t1, bs, grammar)
 
     tp_worker.TpModelWorker.forward_batch_generation = forward_batch_generation
+
+    def decode_flags(batch: Any) -> Any:
+        try:
+            if batch is None or not batch.forward_mode.is_decode():
+                return None
+            return len(batch.reqs), bool(batch.has_grammar)
+        except AttributeError:
+            return None
+
+    def loop_part(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            flags = decode_flags(batch)
+            t0 = clock()
+            try:
+                return fn(batch, *args, **kwargs)
+            finally:
+                if flags is not None:
+                    tl.span(name, t0, clock(), flags[0], flags[1])
+
+        return wrapper
+
+    if scheduler is not None:
+        scheduler.run_batch = loop_part("run_batch", scheduler.run_batch)
+        scheduler.process_batch_result = loop_part("postprocess", scheduler.process_batch_result)
 
     from sglang.srt.constrained import xgrammar_backend
 
