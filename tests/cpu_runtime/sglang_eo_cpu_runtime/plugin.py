@@ -14,7 +14,9 @@ Every adjustment below is a workaround for running on CPU, not product behaviour
 * 0.5.16 only: ``IntelAMXAttnBackend.forward_extend``/``forward_decode`` overwrite the sequence lengths they derived
   (verify prefix + draft, draft-decode per-branch lengths) with ``forward_batch.seq_lens``; ``overlap_utils`` calls
   ``record_stream`` on CPU tensors unguarded;
-* counters of the scheduler's overlap decisions for grammar decode batches (:mod:`.stats`).
+* counters of the scheduler's overlap decisions for grammar decode batches and of SGLang's idle memory-leak checks
+  (:mod:`.stats`);
+* tests only (``SGLANG_EO_FAULTS=1``): faults injected into the plugin's tree-mask build (:mod:`.faults`).
 * benchmarks only (``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE``): overlap-timeline stamps (:mod:`.timeline_probe`).
 * benchmarks only (``SGLANG_EO_STEP_TIMES_FILE``): per-decode-step wall and grammar time (:mod:`.step_times`).
 
@@ -115,6 +117,16 @@ def load() -> None:
             "0.5.16 draft-decode seq-lens overwrite",
         )
         reg("torch.Tensor.record_stream", _record_stream_skip_cpu, HookType.AROUND, "0.5.16 unguarded record_stream")
+    reg(
+        "sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_req_pool",
+        stats.count_idle_memory_check,
+        HookType.AFTER,
+        "count SGLang's idle memory-leak checks (stats: idle_memory_checks)",
+    )
+    from sglang_eo_cpu_runtime import faults
+
+    if os.environ.get(faults.ENV_FLAG) == "1":
+        reg(faults.TARGET, faults.mask_request_for_around, HookType.AROUND, "fault injection (SGLANG_EO_FAULTS)")
 
 
 # --- server-args adjustments (engine/server process) --------------------------------------------------------------

@@ -6,6 +6,10 @@ file named by ``SGLANG_EO_STATS_FILE``; :func:`read_stats` reads it back. Withou
 ``grammar_decode_batches``: calls of ``Scheduler.is_disable_overlap_for_batch`` for a decode batch with speculative
 decoding on and at least one grammar request. ``overlap_disabled_grammar_decode_batches``: those of them for which it
 returned True (the loop synced instead of overlapping).
+
+``idle_memory_checks``: SGLang's own memory-leak checks when the scheduler is idle that completed without finding a
+leak (``SchedulerInvariantChecker._check_req_pool`` returned; with SGLang's default strict idle check a leak raises and
+kills the scheduler instead). Written at most every 0.25 s. ``faults_*``: injections of :mod:`.faults` (tests only).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
-__all__ = ["STATS_ENV", "count_overlap_decision", "read_stats", "record_error", "mark_scheduler_started"]
+__all__ = ["STATS_ENV", "count", "count_idle_memory_check", "count_overlap_decision", "read_stats", "record_error",
+           "mark_scheduler_started"]
 
 STATS_ENV = "SGLANG_EO_STATS_FILE"
 
@@ -28,7 +34,11 @@ _state: dict[str, Any] = {
     "overlap_disabled_grammar_decode_batches": 0,
     "overlap_decisions": 0,
     "runtime_errors": [],
+    "idle_memory_checks": 0,
+    "faults_raised": 0,
+    "faults_slow_fills": 0,
 }
+_last_idle_write = [0.0]
 
 
 def _write() -> None:
@@ -76,6 +86,24 @@ def count_overlap_decision(result: Any, scheduler: Any, batch: Any, *args: Any, 
             _state["grammar_decode_batches"] += 1
             if result:
                 _state["overlap_disabled_grammar_decode_batches"] += 1
+            _write()
+    return None
+
+
+def count(name: str, k: int = 1) -> None:
+    """Add ``k`` to counter ``name`` and write the file."""
+    with _lock:
+        _state[name] = _state.get(name, 0) + k
+        _write()
+
+
+def count_idle_memory_check(result: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of SGLang's idle ``SchedulerInvariantChecker._check_req_pool`` (reached only when no leak raised)."""
+    with _lock:
+        _state["idle_memory_checks"] += 1
+        now = time.monotonic()
+        if now - _last_idle_write[0] >= 0.25:  # the idle loop runs this often; the file needs only the trend
+            _last_idle_write[0] = now
             _write()
     return None
 
