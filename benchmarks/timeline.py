@@ -257,8 +257,13 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 # -- plot -----------------------------------------------------------------------------------------------------------
 def representative(steps: List[Dict[str, Any]], bs: int) -> Optional[Dict[str, Any]]:
-    ss = sorted((s for s in steps if s["bs"] == bs), key=lambda s: s["grammar_ms"])
-    return ss[len(ss) // 2] if ss else None
+    """The median-grammar step among those with every phase (a batch's first step has no advance of its own)."""
+    ss = [s for s in steps if s["bs"] == bs]
+    if not ss:
+        return None
+    most = max(len(s["phases"]) for s in ss)
+    ss = sorted((s for s in ss if len(s["phases"]) == most), key=lambda s: s["grammar_ms"])
+    return ss[len(ss) // 2]
 
 
 def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
