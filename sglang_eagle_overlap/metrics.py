@@ -11,8 +11,10 @@ Per plugin-owned verify step the adapters measure (always on, a few ``perf_count
     forward's duration, read back lazily (``Event.query()``, never a sync) one or more steps later. Forward ready is
     estimated as ``launch host time + GPU duration``: the GPU may have started later (still busy with the draft), so
     this is the *earliest* ready time and the un-hidden part an upper bound.
-  - **CPU** (and any device without events): the forward runs synchronously inside the launch call, so it is ready
-    when the mask step starts and all grammar time counts as un-hidden -- a CPU engine has no real overlap.
+  - **CPU**: the forward runs synchronously inside the launch call, so it is ready when the mask step starts and all
+    grammar time counts as un-hidden -- a CPU engine has no real overlap.
+  - a CUDA step without a launch stamp (trees the plugin did not copy before the launch, e.g. linear chains) is not
+    measured: it adds 0.
 
 * ``mask_timeouts`` -- requests whose mask build hit ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``.
 
@@ -56,6 +58,7 @@ class ForwardReadyProbe:
         self._start_evt: Any = None
         self._end_evt: Any = None
         self._mask_start_t: Optional[float] = None
+        self._async_device = False
         self._pending: Deque[Tuple[Any, Any, float, float]] = deque(maxlen=max_pending)
 
     def on_launch(self, device: Any = None) -> None:
@@ -64,6 +67,7 @@ class ForwardReadyProbe:
 
     def on_mask_start(self, device: Any = None, t: Optional[float] = None) -> None:
         self._mask_start_t = time.perf_counter() if t is None else t
+        self._async_device = self._device_type(device) == "cuda"
         self._end_evt = self._record(device) if self._start_evt is not None else None
 
     def on_mask_ready(self, t_ready: float) -> float:
@@ -73,6 +77,8 @@ class ForwardReadyProbe:
         if start is not None and end is not None and launch_t is not None:
             self._pending.append((start, end, launch_t, t_ready))
             return self._drain()
+        if self._async_device:
+            return self._drain()  # no launch stamp for this step: not measured
         return max(0.0, t_ready - mask_start)
 
     def _drain(self) -> float:
@@ -91,11 +97,14 @@ class ForwardReadyProbe:
         return total
 
     @staticmethod
-    def _record(device: Any) -> Any:
+    def _device_type(device: Any) -> str:
         if device is None:
-            return None
-        dev_type = getattr(device, "type", None) or str(device).split(":")[0]
-        if dev_type not in ("cuda",):
+            return ""
+        return getattr(device, "type", None) or str(device).split(":")[0]
+
+    @staticmethod
+    def _record(device: Any) -> Any:
+        if ForwardReadyProbe._device_type(device) != "cuda":
             return None
         import torch
 

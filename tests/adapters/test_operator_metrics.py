@@ -128,6 +128,12 @@ def test_probe_with_events_reads_the_forward_duration_lazily(monkeypatch):
     assert probe.on_mask_ready(100.031) == 0.0
 
 
+def test_probe_does_not_guess_for_a_cuda_step_without_a_launch_stamp():
+    probe = M.ForwardReadyProbe()
+    probe.on_mask_start("cuda:0", 5.0)  # no on_launch: a tree the plugin did not copy before the launch
+    assert probe.on_mask_ready(5.003) == 0.0
+
+
 def test_probe_without_events_counts_from_the_mask_start():
     probe = M.ForwardReadyProbe()
     probe.on_launch(None)
