@@ -280,12 +280,13 @@ def aggregate(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for (plugin, grammar, rate, conc), rows in groups.items():
         agg: Dict[str, Any] = {"plugin": plugin, "grammar": grammar, "request_rate": rate, "max_concurrency": conc,
                                "rounds": rows}
-        for key, value in rows[0].items():
-            if key in agg or isinstance(value, bool) or not isinstance(value, (int, float)) or key == "round":
-                continue
+        for key in dict.fromkeys(k for r in rows for k in r):
             values = [r[key] for r in rows if r.get(key) is not None]
+            if key in agg or key == "round" or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                                   for v in values):
+                continue
             agg[key] = (sum(values) if key in _SUMMED else statistics.median(values)) if values else None
-        for key in _SUMMED:
+        for key in (*_SUMMED, "accept_length"):  # None when a server reports nothing (e.g. no runtime counters)
             agg.setdefault(key, None)
         out.append(agg)
     return out
