@@ -257,10 +257,15 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 # -- plot -----------------------------------------------------------------------------------------------------------
 def representative(steps: List[Dict[str, Any]], bs: int) -> Optional[Dict[str, Any]]:
-    """The median-grammar step among those with every phase (a batch's first step has no advance of its own)."""
-    ss = [s for s in steps if s["bs"] == bs]
-    if not ss:
+    """The median-grammar step among those with every phase, in the middle of a batch's decode (a batch's first step
+    carries the prefill's grammar work or none)."""
+    idx = [i for i, s in enumerate(steps) if s["bs"] == bs]
+    if not idx:
         return None
+    periods = [steps[i]["period_ms"] for i in idx if steps[i]["period_ms"] is not None]
+    limit = 1.5 * statistics.median(periods) if periods else float("inf")
+    ss = [steps[i] for i in idx if i > 0 and steps[i - 1]["bs"] == bs
+          and steps[i - 1]["period_ms"] is not None and steps[i - 1]["period_ms"] <= limit] or [steps[i] for i in idx]
     most = max(len(s["phases"]) for s in ss)
     ss = sorted((s for s in ss if len(s["phases"]) == most), key=lambda s: s["grammar_ms"])
     return ss[len(ss) // 2]
