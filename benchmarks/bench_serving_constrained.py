@@ -1,4 +1,4 @@
-"""Serving benchmark for constrained EAGLE3: ``sglang.bench_serving`` against a real server, plugin on/off x grammar on/off.
+"""Serving benchmark, constrained EAGLE3: ``sglang.bench_serving`` against a real server, plugin x grammar on/off.
 
 For each plugin state (``SGLANG_EAGLE_OVERLAP=1`` / ``0``) a fresh server is started; on it, for each grammar state
 (each prompt with its JSON schema / the same prompts without one) and each request rate x max concurrency, SGLang's
@@ -205,7 +205,9 @@ def run_one(serving, server: Server, cases: List[Case], grammar: bool, rate: flo
             "--warmup-requests", "1", "--disable-tqdm", "--output-file", os.path.join(tmp, "bench_serving.jsonl")]
     ns = _bench_args(serving, argv)
     # bench_serving's loaders cannot carry a per-request schema: hand run_benchmark our rows instead.
-    load = lambda _a, tokenizer, _model_id=None: _rows(serving, cases, grammar, args.max_new_tokens, tokenizer)  # noqa: E731
+    def load(_args, tokenizer, _model_id=None):
+        return _rows(serving, cases, grammar, args.max_new_tokens, tokenizer)
+
     outputs: list = []
     original = serving.ASYNC_REQUEST_FUNCS["sglang"]
 
@@ -322,8 +324,9 @@ def markdown(report: Dict[str, Any]) -> str:
             f"| {_fmt(r['p99_ttft_ms'])} | {_fmt(r['median_tpot_ms'])} | {_fmt(r['p99_tpot_ms'])} "
             f"| {_fmt(r['mean_output_len'], 0)} | {_fmt(r['accept_length'], 2)} | {valid} | {synced} |"
         )
-    lines += ["", "Plugin on / off (throughput > 1 and latency < 1 favour the plugin; in brackets the ratio within each "
-              "round). With grammar off the plugin has nothing to do, so those rows show the run-to-run spread:", "",
+    lines += ["", "Plugin on / off (throughput > 1 and latency < 1 favour the plugin; in brackets the ratio within "
+              "each round). With grammar off the plugin has nothing to do, so those rows show the run-to-run "
+              "spread:", "",
               "| grammar | rate | conc | out tok/s | TTFT med | TTFT p99 | TPOT med | TPOT p99 | accept len |",
               "|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["plugin"], r["grammar"], r["request_rate"], r["max_concurrency"]): r for r in rows}
@@ -345,10 +348,11 @@ def markdown(report: Dict[str, Any]) -> str:
         per_step = f"{p['grammar_s'] / n * 1e3:.3f} ms grammar work per step" if n else "no plugin steps"
         lines.append(f"- server plugin {tag}: plugin active={p.get('active', False)}, {n} constrained verify steps, "
                      f"{per_step}; server start {srv['start_s']:.0f} s")
-    lines += ["", "out len = mean completion tokens per request; accept len = completion tokens / verify steps over the "
-              "measured requests (from each response's `meta_info`); grammar batches synced = speculative grammar "
-              "decode batches the scheduler ran with overlap disabled / all of them (CPU runtime counter); valid JSON = "
-              "outputs that parse and conform to their schema (the rest hit max_new_tokens); both summed over rounds. With the plugin on, its stats file (`SGLANG_EAGLE_OVERLAP_STATS_FILE`) is written every "
+    lines += ["", "out len = mean completion tokens per request; accept len = completion tokens / verify steps over "
+              "the measured requests (from each response's `meta_info`); grammar batches synced = speculative grammar "
+              "decode batches the scheduler ran with overlap disabled / all of them (CPU runtime counter); valid "
+              "JSON = outputs that parse and conform to their schema (the rest hit max_new_tokens); both summed over "
+              "rounds. With the plugin on, its stats file (`SGLANG_EAGLE_OVERLAP_STATS_FILE`) is written every "
               "constrained step, a cost the plugin does not have in production. " + report["note"], ""]
     return "\n".join(lines)
 
@@ -476,7 +480,8 @@ def main() -> int:
         "command": _command(),
         "machine": machine,
         "server": server_desc,
-        "config": {"num_prompts": args.num_prompts, "rounds": args.rounds, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+        "config": {"num_prompts": args.num_prompts, "rounds": args.rounds, "seed": args.seed,
+                   "max_new_tokens": args.max_new_tokens,
                    "concurrencies": args.concurrencies, "request_rates": args.request_rates, "spec": args.spec,
                    "pair": None if args.model_path else args.pair, "families": sorted({c.family for c in cases})},
         "note": ("CPU numbers show the mechanics (every variant runs through the real scheduler and bench_serving), "

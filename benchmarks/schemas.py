@@ -104,7 +104,8 @@ def _order(rng: random.Random) -> Tuple[Dict[str, Any], str]:
 def _calendar_event(rng: random.Random) -> Tuple[Dict[str, Any], str]:
     attendee = _obj(rng, {"name": _str(rng)}, {"role": _enum(rng, ["organizer", "required", "optional", "resource"])})
     schema = _obj(rng, {"title": _str(rng, 10, 30),
-                        "start": {"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]$"},
+                        "start": {"type": "string",
+                                  "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]$"},
                         "duration_minutes": _int(5, 480), "attendees": _array(rng, attendee)},
                   {"location": _str(rng), "recurring": {"type": "boolean"},
                    "visibility": _enum(rng, ["public", "private", "confidential"])})
@@ -141,7 +142,8 @@ def _http_log(rng: random.Random) -> Tuple[Dict[str, Any], str]:
 def _recipe(rng: random.Random) -> Tuple[Dict[str, Any], str]:
     ingredient = _obj(rng, {"item": _str(rng, 4, 20), "quantity": _int(1, 1000)},
                       {"unit": _enum(rng, ["g", "ml", "tbsp", "tsp", "cup", "piece"])})
-    schema = _obj(rng, {"name": _str(rng, 8, 30), "servings": _int(1, 12), "ingredients": _array(rng, ingredient, 2, 5)},
+    schema = _obj(rng, {"name": _str(rng, 8, 30), "servings": _int(1, 12),
+                        "ingredients": _array(rng, ingredient, 2, 5)},
                   {"steps": _array(rng, _str(rng, 10, 40)), "vegetarian": {"type": "boolean"},
                    "difficulty": _enum(rng, ["easy", "medium", "hard"])})
     prompt = (f"Write a recipe card for {rng.choice(_DISHES)} for {rng.randint(2, 6)} people, ready in "
@@ -153,7 +155,8 @@ def _support_ticket(rng: random.Random) -> Tuple[Dict[str, Any], str]:
     schema = _obj(rng, {"ticket_id": {"type": "string", "pattern": "^[A-Z]{2,4}-[0-9]{1,5}$"},
                         "priority": _enum(rng, ["P0", "P1", "P2", "P3"]),
                         "customer": _obj(rng, {"name": _str(rng)},
-                                         {"tier": _enum(rng, ["free", "pro", "enterprise"]), "account_age_days": _int(0, 5000)})},
+                                         {"tier": _enum(rng, ["free", "pro", "enterprise"]),
+                                          "account_age_days": _int(0, 5000)})},
                   {"labels": _array(rng, _enum(rng, ["billing", "bug", "login", "performance", "feature-request"])),
                    "resolved": {"type": "boolean"}, "assignee": _str(rng)})
     prompt = (f"Triage: {_person(rng)} cannot {rng.choice(['log in', 'download invoices', 'export data'])} "
@@ -237,6 +240,7 @@ def make_dataset(n: int, seed: int = 0) -> List[Case]:
         family = names[i % len(names)]
         rng = random.Random(zlib.crc32(f"{seed}:{i}:{family}".encode()))
         schema, task = FAMILIES[family](rng)
-        prompt = f"Request {i + 1}. {task}\nAnswer with a single JSON object that follows the schema, and nothing else.\n"
+        prompt = (f"Request {i + 1}. {task}\n"
+                  "Answer with a single JSON object that follows the schema, and nothing else.\n")
         cases.append(Case(family, prompt, schema, schema_features(schema)))
     return cases
