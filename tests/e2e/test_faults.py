@@ -242,6 +242,9 @@ def test_faults_leave_the_server_serving(server):
     assert "memory leak" not in log, server.log_tail(80)
     assert stats.get("runtime_errors") == [], stats
     assert stats.get("faults_raised", 0) >= 1 and stats.get("faults_slow_fills", 0) >= 2, stats
+    aborted = set(stats.get("abort_requests", []))  # the scheduler was told to abort each victim, the
+    for i in range(2):  # disconnected streams by SGLang's own disconnect detection
+        assert f"eo-abort-{i}" in aborted and f"eo-disconnect-{i}" in aborted, stats.get("abort_requests")
     plugin = read_stats(server.plugin_stats_file)
     assert plugin.get("active") is True, plugin
     assert plugin.get("mask_failures", 0) >= 1, plugin  # the raising grammar was caught by the plugin

@@ -123,6 +123,12 @@ def load() -> None:
         HookType.AFTER,
         "count SGLang's idle memory-leak checks (stats: idle_memory_checks)",
     )
+    reg(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request",
+        stats.record_abort_request,
+        HookType.AFTER,
+        "record the rids the scheduler is asked to abort (stats: abort_requests)",
+    )
     from sglang_eo_cpu_runtime import faults
 
     if os.environ.get(faults.ENV_FLAG) == "1":

@@ -10,6 +10,7 @@ returned True (the loop synced instead of overlapping).
 ``idle_memory_checks``: SGLang's own memory-leak checks when the scheduler is idle that completed without finding a
 leak (``SchedulerInvariantChecker._check_req_pool`` returned; with SGLang's default strict idle check a leak raises and
 kills the scheduler instead). Written at most every 0.25 s. ``faults_*``: injections of :mod:`.faults` (tests only).
+``abort_requests``: rids of the abort requests the scheduler received (``/abort_request``, client disconnects), last 256.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["STATS_ENV", "count", "count_idle_memory_check", "count_overlap_decision", "read_stats", "record_error",
+__all__ = ["STATS_ENV", "count", "count_idle_memory_check", "record_abort_request", "count_overlap_decision", "read_stats", "record_error",
            "mark_scheduler_started"]
 
 STATS_ENV = "SGLANG_EO_STATS_FILE"
@@ -37,6 +38,7 @@ _state: dict[str, Any] = {
     "idle_memory_checks": 0,
     "faults_raised": 0,
     "faults_slow_fills": 0,
+    "abort_requests": [],
 }
 _last_idle_write = [0.0]
 
@@ -105,6 +107,16 @@ def count_idle_memory_check(result: Any, *args: Any, **kwargs: Any) -> None:
         if now - _last_idle_write[0] >= 0.25:  # the idle loop runs this often; the file needs only the trend
             _last_idle_write[0] = now
             _write()
+    return None
+
+
+def record_abort_request(result: Any, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of ``Scheduler.abort_request(recv_req)``: remember which request the scheduler was told to abort."""
+    with _lock:
+        rids = _state["abort_requests"]
+        rids.append("*" if getattr(recv_req, "abort_all", False) else str(getattr(recv_req, "rid", "")))
+        del rids[:-256]
+        _write()
     return None
 
 
