@@ -9,7 +9,8 @@ product plugin on), on both supported SGLang versions.
    tree-mask build (``eo-fault-raise`` rid) and one whose mask build exceeds ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``
    (``eo-fault-slow`` rid).
 3. Afterwards: every survivor (including the slow one) is token-identical to its reference (no accepted token lost or
-   duplicated), each failing request got a clear error of its own, the injected faults are counted as having happened,
+   duplicated), each failing request got a clear error of its own, the scheduler was told to abort every aborted and
+   every disconnected request, the injected faults are counted as having happened,
    the plugin's ledger never had to re-anchor, the server is idle and SGLang's own idle memory-leak check keeps running
    and passing (strict by default: a leak raises and kills the scheduler), and a normal constrained request is still
    token-identical to the one sent before the faults.
