@@ -50,20 +50,7 @@ class BrokenGrammar:
         self.m.fill_next_token_bitmask(vocab_mask, idx)
 
 
-class NotAMatcher:
-    """Looks like a live matcher to the builder, but xgrammar's batched fill cannot take it (and it cannot fill)."""
-
-    def is_terminated(self) -> bool:
-        return False
-
-    def accept_token(self, token: int) -> bool:
-        return True
-
-    def rollback(self, k: int) -> None:
-        pass
-
-    def fill_next_token_bitmask(self, bitmask, idx: int) -> None:
-        raise RuntimeError("boom: corrupt matcher")
+NotAMatcher = G.CorruptMatcher  # accepts every token, raises on the fill
 
 
 def _tree(doc, at):

@@ -39,3 +39,65 @@ def output_ids(out: dict[str, Any]) -> list[int]:
 
 def schema_str(schema: dict[str, Any]) -> str:
     return json.dumps(schema)
+
+
+def running_requests(loads: Any) -> int:
+    """Sum of running + queued requests in a ``/v1/loads`` answer (its shape varies across releases)."""
+    total = 0
+
+    def walk(node: Any) -> None:
+        nonlocal total
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _LOAD_KEYS and isinstance(value, (int, float)):
+                    total += int(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(loads)
+    return total
+
+
+_LOAD_KEYS = ("num_running_reqs", "num_waiting_reqs", "num_reqs", "running_reqs", "waiting_reqs")
+
+
+def run_cases_on_patched_server(root: Any, tmp_path: Any, cases: dict, mark_env: dict[str, str],
+                                spec: str = "topk4") -> tuple[dict, dict, str]:
+    """Serve ``cases`` from ``python -m sglang.launch_server`` with the patched SGLang copy at ``root`` first on
+    ``PYTHONPATH`` (product plugin off; random pair, greedy EAGLE3 ``spec``). ``mark_env`` is set for the server's
+    processes (the copy's test-only marker). Returns ``(outputs per case, runtime stats, server log tail)``; the
+    environment is restored and the server stopped whatever happens.
+
+    A separate server process, not an in-process Engine: its spawned scheduler inherits the copy on ``sys.path`` (an
+    in-process Engine would hand this process's already imported, unpatched ``sys.path`` to the scheduler).
+    """
+    import os
+    import urllib.request
+
+    from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
+
+    old = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), old) if p)
+    os.environ.update(mark_env)
+    server = None
+    try:
+        server = launch_server(EngineConfig(pair="random", spec=spec, product_plugin=False),
+                               str(tmp_path / "server.log"), stats_file=str(tmp_path / "runtime-stats.json"))
+        got = {}
+        for case, (prompts, params) in cases.items():
+            body = json.dumps({"text": prompts, "sampling_params": params}).encode()
+            req = urllib.request.Request(server.base_url + "/generate", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                outs = json.loads(r.read().decode())
+            got[case] = [(o["text"], output_ids(o), o["meta_info"]["finish_reason"]) for o in outs]
+        return got, server.stats(), server.log_tail(200)
+    finally:
+        if server is not None:
+            server.stop()
+        os.environ["PYTHONPATH"] = old
+        for key in mark_env:
+            os.environ.pop(key, None)

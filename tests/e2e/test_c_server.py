@@ -16,7 +16,7 @@ import requests
 from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
 from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 
-from .common import accept_length
+from .common import accept_length, running_requests
 
 pytestmark = pytest.mark.engine
 
@@ -102,7 +102,7 @@ def test_aborted_request_frees_its_resources(server):
     t.start()
     # Abort as soon as the request runs (it would finish in a few seconds: the follower's drafts are all accepted).
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _running_requests(server.get_json("/v1/loads")) == 0:
+    while time.monotonic() < deadline and running_requests(server.get_json("/v1/loads")) == 0:
         time.sleep(0.05)
     time.sleep(0.3)
     assert requests.post(server.base_url + "/abort_request", json={"rid": rid}, timeout=30).status_code == 200
@@ -116,7 +116,7 @@ def test_aborted_request_frees_its_resources(server):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         loads = server.get_json("/v1/loads")
-        running = _running_requests(loads)
+        running = running_requests(loads)
         if running == 0:
             break
         time.sleep(0.5)
@@ -126,26 +126,6 @@ def test_aborted_request_frees_its_resources(server):
     assert "leak" not in server.log_tail(400).lower(), server.log_tail()
     ok = _generate(server, "After abort:", json_schema=json.dumps(FOLLOWER_SCHEMA))
     assert ok.status_code == 200 and json.loads(ok.json()["text"]) == FOLLOWER_DOCUMENT
-
-
-def _running_requests(loads) -> int:
-    """Sum of running + queued requests in a /v1/loads answer (its shape varies across releases)."""
-    total = 0
-
-    def walk(node):
-        nonlocal total
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("num_running_reqs", "num_waiting_reqs", "num_reqs", "running_reqs", "waiting_reqs") and isinstance(value, (int, float)):
-                    total += int(value)
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(loads)
-    return total
 
 
 def test_server_stats_and_accept_length(server):

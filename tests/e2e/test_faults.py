@@ -33,7 +33,7 @@ from sglang_eo_cpu_runtime.faults import RAISE_MARKER, SLOW_MARKER
 from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 from sglang_eo_cpu_runtime.stats import read_stats
 
-from .common import output_ids
+from .common import output_ids, running_requests
 
 pytestmark = pytest.mark.engine
 
@@ -120,32 +120,13 @@ def _error_text(r: requests.Response) -> Optional[str]:
     return None
 
 
-def _running(loads: Any) -> int:
-    total = 0
-
-    def walk(node: Any) -> None:
-        nonlocal total
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("num_running_reqs", "num_waiting_reqs", "num_reqs") and isinstance(value, (int, float)):
-                    total += int(value)
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(loads)
-    return total
-
-
 def _wait_idle(server, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     loads = None
     while time.monotonic() < deadline:
         assert server.proc.poll() is None, server.log_tail()
         loads = server.get_json("/v1/loads")
-        if _running(loads) == 0:
+        if running_requests(loads) == 0:
             return
         time.sleep(0.5)
     raise AssertionError(f"server not idle after {timeout} s: {loads}")

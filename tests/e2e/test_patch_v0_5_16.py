@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.request
 
 import pytest
 
-from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
+from sglang_eo_cpu_runtime.engine import EngineConfig
 from tests.helpers.patched_sglang import patched_sglang_copy
 
-from .common import output_ids
+from .common import run_cases_on_patched_server
 from .test_plugin_equivalence import CASES, _run
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang_0_5_16]
@@ -53,31 +52,8 @@ def test_patched_copy_engine_token_identical_and_overlapped(engine_pool, tmp_pat
     want = _run(engine_pool, EngineConfig(pair="random", spec=None))[0]
 
     engine_pool.close()  # one engine at a time
-    old = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), old) if p)
-    os.environ["SGLANG_EO_PATCH_MARK"] = str(mark)
-    stats_file = str(tmp_path / "runtime-stats.json")
-    server = None
-    try:
-        # A separate ``python -m sglang.launch_server``: its spawned scheduler inherits the copy on ``sys.path``
-        # (an in-process Engine would hand this process's already imported, unpatched sys.path to the scheduler).
-        server = launch_server(EngineConfig(pair="random", spec="topk4", product_plugin=False),
-                               str(tmp_path / "server.log"), stats_file=stats_file)
-        got = {}
-        for case, (prompts, params) in CASES.items():
-            body = json.dumps({"text": prompts, "sampling_params": params}).encode()
-            req = urllib.request.Request(server.base_url + "/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=300) as r:
-                outs = json.loads(r.read().decode())
-            got[case] = [(o["text"], output_ids(o), o["meta_info"]["finish_reason"]) for o in outs]
-        stats = server.stats()
-        log_tail = server.log_tail(200)
-    finally:
-        if server is not None:
-            server.stop()
-        os.environ["PYTHONPATH"] = old
-        os.environ.pop("SGLANG_EO_PATCH_MARK", None)
+    got, stats, log_tail = run_cases_on_patched_server(root, tmp_path, CASES,
+                                                       {"SGLANG_EO_PATCH_MARK": str(mark)})
 
     # The patched verify path ran in the scheduler process: barrier fed tokens, post-processing replayed them.
     assert mark.exists(), f"the patched build_vocab_mask never ran:\n{log_tail}"

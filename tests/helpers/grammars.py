@@ -28,6 +28,7 @@ __all__ = [
     "regex_doc_text",
     "sglang_grammar",
     "ensure_sglang_importable",
+    "CorruptMatcher",
 ]
 
 NESTED_SCHEMA: Dict[str, Any] = {
@@ -250,3 +251,21 @@ def sglang_grammar(grammar: str, vocab_size: int, prefix: List[int] = ()) -> Any
     for t in prefix:
         g.accepted_tokens.append(int(t))
     return g
+
+
+class CorruptMatcher:
+    """A stand-in for a broken xgrammar matcher: accepts every token, then raises when asked for a mask row (it breaks
+    the batched native walk and the per-request walk alike). Put it in ``XGrammarGrammar.matcher`` to inject a
+    grammar that fails during the tree mask build."""
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def accept_token(self, token: int) -> bool:
+        return True
+
+    def rollback(self, k: int) -> None:
+        pass
+
+    def fill_next_token_bitmask(self, bitmask: Any, idx: int) -> None:
+        raise RuntimeError("boom: corrupt matcher")

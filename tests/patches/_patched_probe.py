@@ -11,7 +11,7 @@ import torch
 
 
 def main(expected_root: str) -> dict:
-    from tests.helpers.grammars import ensure_sglang_importable, sglang_grammar
+    from tests.helpers.grammars import CorruptMatcher, ensure_sglang_importable, sglang_grammar
 
     ensure_sglang_importable()
     import sglang
@@ -64,20 +64,7 @@ def main(expected_root: str) -> dict:
 
     # A grammar that raises during the build (its matcher is corrupt: it breaks the batched walk, then the
     # per-request walk): that request alone is aborted with a clear error and its drafts are made unmatchable.
-    class _CorruptMatcher:
-        def is_terminated(self):
-            return False
-
-        def accept_token(self, token):
-            return True
-
-        def rollback(self, k):
-            pass
-
-        def fill_next_token_bitmask(self, bitmask, idx):
-            raise RuntimeError("boom: corrupt matcher")
-
-    reqs[1].grammar.matcher = _CorruptMatcher()
+    reqs[1].grammar.matcher = CorruptMatcher()
     n = nxt.shape[-1]
     draft = tok.clone()
     tree = spec_utils.GrammarTree.from_device(nxt, sib, draft)

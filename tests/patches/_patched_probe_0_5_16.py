@@ -43,7 +43,7 @@ def main(expected_root: str) -> dict:
     from sglang.srt.speculative import grammar_overlap, spec_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from tests.helpers.grammars import doc_tokens, sglang_grammar
+    from tests.helpers.grammars import CorruptMatcher, doc_tokens, sglang_grammar
     from tests.helpers.trees import eagle_tree, stack_trees
 
     facts: dict = {
@@ -117,22 +117,9 @@ def main(expected_root: str) -> dict:
 
     # A matcher that raises during the build (a real XGrammarGrammar whose matcher is corrupt: it breaks xgrammar's
     # batched walk, then fails the per-request walk): that request alone is aborted and its drafts made unmatchable.
-    class _CorruptMatcher:
-        def is_terminated(self):
-            return False
-
-        def accept_token(self, token):
-            return True
-
-        def rollback(self, k):
-            pass
-
-        def fill_next_token_bitmask(self, bitmask, idx):
-            raise RuntimeError("boom: corrupt matcher")
-
     fresh = [_req(r.rid, sglang_grammar(("nested", "regex", "ebnf")[i], VOCAB, list(r.grammar.accepted_tokens)),
                   r.output_ids) for i, r in enumerate(refs)]
-    fresh[1].grammar.matcher = _CorruptMatcher()
+    fresh[1].grammar.matcher = CorruptMatcher()
     fb = SimpleNamespace(reqs=fresh, spec_algorithm=SpeculativeAlgorithm.EAGLE3, forward_mode=ForwardMode.TARGET_VERIFY,
                          sampling_info=SimpleNamespace(vocab_size=VOCAB, vocab_mask=None))
     fv = SimpleNamespace(retrieve_next_token=nxt, retrieve_next_sibling=sib, draft_token=tok.flatten().clone(),

@@ -159,17 +159,8 @@ def install(scheduler: Any, version: tuple) -> None:
 
         return wrapper
 
-    if version < (0, 5, 17):
-        prep = ewc.eagle_prepare_for_verify
-
-        @functools.wraps(prep)
-        def eagle_prepare_for_verify(*args: Any, **kwargs: Any) -> Any:
-            out = prep(*args, **kwargs)
-            state["prep_end"] = clock()
-            return out
-
-        ewc.eagle_prepare_for_verify = eagle_prepare_for_verify
-        gen = ewc.generate_token_bitmask
+    def timed_mask_build(gen: Callable[..., Any]) -> Callable[..., Any]:
+        """Upstream's per-node Python mask walk, stamped as ``mask_build``; its end is remembered for the sampler."""
 
         @functools.wraps(gen)
         def generate_token_bitmask(*args: Any, **kwargs: Any) -> Any:
@@ -180,25 +171,26 @@ def install(scheduler: Any, version: tuple) -> None:
                 state["mask_end"] = clock()
                 tl.span("mask_build", t0, state["mask_end"])
 
-        ewc.generate_token_bitmask = generate_token_bitmask
+        return generate_token_bitmask
+
+    if version < (0, 5, 17):
+        prep = ewc.eagle_prepare_for_verify
+
+        @functools.wraps(prep)
+        def eagle_prepare_for_verify(*args: Any, **kwargs: Any) -> Any:
+            out = prep(*args, **kwargs)
+            state["prep_end"] = clock()
+            return out
+
+        ewc.eagle_prepare_for_verify = eagle_prepare_for_verify
+        ewc.generate_token_bitmask = timed_mask_build(ewc.generate_token_bitmask)
         proc_cls._accept_grammar_tokens = timed("advance", proc_cls._accept_grammar_tokens)
         return
 
     from sglang.srt.speculative import spec_utils
 
     proc_cls.advance_grammar_fsm = timed("advance", proc_cls.advance_grammar_fsm, skip_in_barrier=True)
-    gen = spec_utils.generate_token_bitmask
-
-    @functools.wraps(gen)
-    def generate_token_bitmask(*args: Any, **kwargs: Any) -> Any:
-        t0 = clock()
-        try:
-            return gen(*args, **kwargs)
-        finally:
-            state["mask_end"] = clock()
-            tl.span("mask_build", t0, state["mask_end"])
-
-    spec_utils.generate_token_bitmask = generate_token_bitmask
+    spec_utils.generate_token_bitmask = timed_mask_build(spec_utils.generate_token_bitmask)
     build = ewc.build_grammar_vocab_mask
 
     class _TimedTree:
