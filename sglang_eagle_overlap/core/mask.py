@@ -270,9 +270,12 @@ class TreeMaskBuilder:
                     timed_out.append(i)
                 continue
             limit = -1.0 if deadline is None else max(deadline - time.perf_counter(), 1e-6)
-            done = matcher.traverse_draft_tree(nxt_t[i], sib_t[i], tok_t[i], block, limit)
-            # Restore SGLang's all-allowed rows where xgrammar zeroed a rejected (or terminating) node.
             block_np = block.numpy()
+            # Start from zero rows: xgrammar writes the rows of the nodes it reaches and zeroes rejected ones, so a
+            # row still zero afterwards is a node that got no mask (rejected, terminating, unreached or padding).
+            block_np.fill(0)
+            done = matcher.traverse_draft_tree(nxt_t[i], sib_t[i], tok_t[i], block, limit)
+            # Restore SGLang's all-allowed rows for all of those.
             zero = ~block_np.any(axis=1)
             nzero = int(zero.sum())
             if nzero:

@@ -150,6 +150,9 @@ class Scenario:
                         assert bool((rows[node] == -1).all()), f"{label}: req {i} {st} node {node} must be -1"
                 assert torch.equal(rows, ref[i * self.n : (i + 1) * self.n]), f"{label}: req {i}"
             assert torch.equal(got.bitmask, ref), label
+            filled = sum(st == "open" for i, r in enumerate(self.ours) if r.grammar is not None
+                         for st in node_states(r.grammar.matcher, self.trees[i], self.vocab))
+            assert got.valid_nodes == filled, f"{label}: valid_nodes {got.valid_nodes} != {filled} filled rows"
             after = [(G.next_token_bitmask(r.grammar.matcher, self.vocab), len(r.grammar.accepted_tokens))
                      for r in self.ours if r.grammar is not None]
             for (b, bl), (a, al) in zip(before, after):
