@@ -19,10 +19,8 @@ import random
 import pytest
 import torch
 
-pytest.importorskip("xgrammar")
-
-from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder  # noqa: E402
-from tests.helpers import grammars as G  # noqa: E402
+from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from tests.helpers import grammars as G
 
 VOCAB = 32000
 N = 5

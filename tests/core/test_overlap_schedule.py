@@ -45,13 +45,12 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 import torch
+import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-xgr = pytest.importorskip("xgrammar")
-
-from sglang_eagle_overlap.core import AcceptLedger, MaskRequest, TreeMaskBuilder  # noqa: E402
-from tests.helpers.trees import Tree, eagle_tree, stack_trees  # noqa: E402
+from sglang_eagle_overlap.core import AcceptLedger, MaskRequest, TreeMaskBuilder
+from tests.helpers.trees import Tree, eagle_tree, stack_trees
 
 LONG = os.environ.get("SGLANG_EO_LONG") == "1"
 SCHEDULES = {"lockstep": 10_000, "native": 1_000, "python": 1_000} if LONG else {
