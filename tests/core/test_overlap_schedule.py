@@ -50,6 +50,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_eagle_overlap.core import AcceptLedger, MaskRequest, TreeMaskBuilder
+from tests.helpers.grammars import next_token_bitmask
 from tests.helpers.trees import Tree, eagle_tree, stack_trees
 
 LONG = os.environ.get("SGLANG_EO_LONG") == "1"
@@ -154,13 +155,6 @@ def _reference_mask(matcher, nxt, sib, tok, out: torch.Tensor) -> None:
 
     if not matcher.is_terminated():
         dfs(0, -1)
-
-
-def _state_mask(m) -> torch.Tensor:
-    bm = xgr.allocate_token_bitmask(1, V)
-    if not m.is_terminated():
-        m.fill_next_token_bitmask(bm, 0)
-    return bm
 
 
 @dataclass
@@ -389,7 +383,7 @@ def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> 
             assert EOS not in r.plugin.consumed[:-1], (p, step, r.rid)  # nothing after termination
             if r.state in ("running", "waiting", "retracted"):
                 assert r.out == r.plugin.consumed, (p, step, r.rid)
-                assert torch.equal(_state_mask(r.plugin.m), _state_mask(r.ref.m)), (p, step, r.rid)
+                assert torch.equal(next_token_bitmask(r.plugin.m, V), next_token_bitmask(r.ref.m, V)), (p, step, r.rid)
                 ev["state_checks"] += 1
     if pending is not None:
         postprocess(pending)
