@@ -39,6 +39,7 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
 
     from sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask import build_grammar_vocab_mask_around
     from sglang_eagle_overlap.adapters.v0_5_23.hook_grammar_tree import PluginGrammarTree
+    from sglang_eagle_overlap.core import TreeMaskBuilder
     from tests.helpers.grammars import _compiler
     from tests.helpers.tokenizers import EOS_ID, encode
     from tests.helpers.trees import eagle_tree
@@ -61,6 +62,15 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
 
     monkeypatch.setattr(XGrammarGrammar, "rollback", counting_rollback)
     monkeypatch.setattr(XGrammarGrammar, "accept_token", counting_accept)
+    valid_nodes = []  # TreeMask.valid_nodes of every mask the adapter builds
+    orig_build = TreeMaskBuilder.build
+
+    def recording_build(self, *args, **kwargs):
+        out = orig_build(self, *args, **kwargs)
+        valid_nodes.append(out.valid_nodes)
+        return out
+
+    monkeypatch.setattr(TreeMaskBuilder, "build", recording_build)
 
     rng = random.Random(0)
     n = 7
@@ -73,10 +83,10 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
     req.output_ids.append(truth[0])
     pos = 1  # truth[:pos] is in the matcher once the pending result is advanced
     pending = None
-    per_step = []  # (accept calls, rollback calls, valid nodes) per step
+    per_step = []  # accept calls per step
     ledger = active_state.ledger
     while not grammar.is_terminated():
-        a0, r0 = calls["accept"], calls["rollback"]
+        a0 = calls["accept"]
         drafts = truth[pos:pos + 3]
         tree = eagle_tree(rng, 2, 3, n, drafts, VOCAB)
         nxt = torch.tensor([tree.nxt]); sib = torch.tensor([tree.sib]); tok = torch.tensor([tree.tok])
@@ -100,14 +110,16 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
         if pos >= len(truth):
             _ours_advance(pending, _batch([req]))
             req.output_ids.extend(pending.grammar_retained_tokens[0])
-        per_step.append((calls["accept"] - a0, calls["rollback"] - r0, active_state.stats.last))
+        per_step.append(calls["accept"] - a0)
         assert len(ledger) <= 1
     assert grammar.is_terminated() and req.output_ids == truth
     steps = len(per_step)
     assert steps > 200
     assert calls["rollback"] == 0, "SGLang's O(output) XGrammarGrammar.rollback was used"
-    assert calls["accept"] == len(truth) - 1 + 1  # every committed token exactly once (prefill token included)
-    assert max(a for a, _, _ in per_step[:-1]) <= 3  # the last step also advances its own run eagerly
+    assert calls["accept"] == len(truth)  # every committed token exactly once (prefill token included)
+    assert max(per_step[:-1]) <= 3  # the last step also advances its own run eagerly
+    # One tree mask per step, each over at most the tree's n nodes (never the whole output).
+    assert len(valid_nodes) == steps and all(1 <= v <= n for v in valid_nodes), valid_nodes
     # Ledger history is bounded: early positions are forgotten, the request's entry is one.
     assert ledger.outcome("long", 1) is None and len(ledger) == 1
     assert ledger.tokens_fed == len(truth)
