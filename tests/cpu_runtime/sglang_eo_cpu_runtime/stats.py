@@ -67,12 +67,12 @@ def mark_scheduler_started(scheduler: Any) -> None:
         _write()
 
 
-def _is_grammar_spec_decode(batch: Any) -> bool:
-    if batch is None:
-        return False
+def is_grammar_spec_decode(batch: Any) -> bool:
+    """A decode batch with speculative decoding on and at least one grammar request (also :mod:`.step_times`)."""
     try:
         return (
-            not batch.spec_algorithm.is_none()
+            batch is not None
+            and not batch.spec_algorithm.is_none()
             and bool(batch.has_grammar)
             and batch.forward_mode.is_decode()
         )
@@ -84,7 +84,7 @@ def count_overlap_decision(result: Any, scheduler: Any, batch: Any, *args: Any, 
     """Called with the final result of ``Scheduler.is_disable_overlap_for_batch(batch, last_batch)``."""
     with _lock:
         _state["overlap_decisions"] += 1
-        if _is_grammar_spec_decode(batch):
+        if is_grammar_spec_decode(batch):
             _state["grammar_decode_batches"] += 1
             if result:
                 _state["overlap_disabled_grammar_decode_batches"] += 1

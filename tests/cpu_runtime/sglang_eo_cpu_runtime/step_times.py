@@ -111,18 +111,6 @@ class StepClock:
             self._prev = (t0, g0, self._clock() - self._launched_at, bs)
 
 
-def _is_grammar_spec_decode(batch: Any) -> bool:
-    try:
-        return (
-            batch is not None
-            and not batch.spec_algorithm.is_none()
-            and bool(batch.has_grammar)
-            and batch.forward_mode.is_decode()
-        )
-    except AttributeError:
-        return False
-
-
 # (module, attribute holding a function or class, method name or None)
 _REGIONS_0_5_16 = (
     ("sglang.srt.speculative.eagle_worker_common", "generate_token_bitmask", None),
@@ -180,6 +168,8 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
     path = os.environ.get(STEP_TIMES_ENV)
     if not path:
         return
+    from sglang_eo_cpu_runtime.stats import is_grammar_spec_decode  # here: the timing classes stay import-free
+
     rec = _Recorder(path)
     regions = _REGIONS_0_5_16 if sglang_version < (0, 5, 17) else _REGIONS_0_5_23
     for module, attr, method in regions:
@@ -192,7 +182,7 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
     def timed_run_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
         with rec.lock:
             bs = len(getattr(batch, "reqs", None) or [])
-            recorded = rec.clock.launch(_is_grammar_spec_decode(batch), bs)
+            recorded = rec.clock.launch(is_grammar_spec_decode(batch), bs)
             if recorded:
                 rec.write()
         try:
