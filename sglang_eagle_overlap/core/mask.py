@@ -219,10 +219,8 @@ class TreeMaskBuilder:
                 result.valid_nodes = 0
                 generic = generic + native
         for i in generic:
-            req = requests[i]
-            grammar = req.grammar if req.grammar is not None else _MatcherAsGrammar(req.matcher)
             try:
-                valid, done = _python_walk(grammar, nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline)
+                valid, done = _walk_request(requests[i], nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline)
             except Exception as exc:
                 _fill_all_allowed(mask[i * n : (i + 1) * n])
                 result.failed.append((i, f"{type(exc).__name__}: {exc}"))
@@ -263,8 +261,8 @@ class TreeMaskBuilder:
                 continue
             if oov_any is not None and oov_any[i]:
                 # Rare: fall back to the exact walk for this request.
-                v, done = _python_walk(_MatcherAsGrammar(matcher), nxt_t[i].tolist(), sib_t[i].tolist(),
-                                       tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline)
+                v, done = _walk_request(requests[i], nxt_t[i].tolist(), sib_t[i].tolist(),
+                                        tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline)
                 valid += v
                 if not done:
                     timed_out.append(i)
@@ -423,83 +421,67 @@ class _Walker:
             self.depth = 0
 
 
-class _MatcherAsGrammar:
-    """Presents a bare xgrammar matcher through the host grammar API, for the generic walk."""
+class _GrammarAsMatcher:
+    """Presents a host grammar object (llguidance, outlines, reasoning wrapper) through the matcher calls
+    :class:`_Walker` makes: ``accept_token`` -> bool (a ``ValueError`` or an explicit ``False`` is a rejection)."""
 
-    __slots__ = ("m",)
+    __slots__ = ("g",)
 
-    def __init__(self, m) -> None:
-        self.m = m
+    def __init__(self, g) -> None:
+        self.g = g
 
     def accept_token(self, token: int) -> bool:
-        return bool(self.m.accept_token(token))
+        try:
+            return self.g.accept_token(token) is not False
+        except ValueError:
+            return False
 
     def rollback(self, k: int) -> None:
-        self.m.rollback(k)
+        self.g.rollback(k)
 
     def is_terminated(self) -> bool:
-        return bool(self.m.is_terminated())
-
-    def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None:
-        self.m.fill_next_token_bitmask(vocab_mask, idx)
+        return bool(self.g.is_terminated())
 
 
-def _python_walk(grammar, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
-    """Generic exact walk (same semantics as the native paths) over any host grammar object.
+def _exact_walk(matcher, fill_row, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
+    """One request's tree walked node by node with :class:`_Walker`, ``fill_row(row)`` filling each reached row.
 
-    Returns (valid nodes, completed). On timeout, non-root rows are reset to all-allowed. If a grammar method
-    raises, the grammar is rolled back to its entry state and the exception propagates.
+    Same semantics as the batched paths. Returns (valid nodes, completed). On timeout, non-root rows are reset to
+    all-allowed. If a grammar method raises, the matcher is rolled back to its entry state and the exception
+    propagates.
     """
-    if grammar.is_terminated():
+    if matcher.is_terminated():
         return 0, True
-    mask_np = mask.numpy()
-    grammar.fill_vocab_mask(mask, base)
+    fill_row(base)
+    walker = _Walker(matcher, nxt, sib, tok, base, vocab, mask.numpy(), -1)
     valid = 1
-    depth = 0
-    stack: List[Tuple[int, int, int]] = [(nxt[0], 0, 0)] if nxt[0] >= 0 else []
     try:
-        while stack:
+        while True:
             if deadline is not None and time.perf_counter() > deadline:
-                mask_np[base + 1 : base + len(nxt)] = -1
-                if depth:
-                    grammar.rollback(depth)
+                walker.abandon()
                 return valid, False
-            node, parent, pdepth = stack.pop()
-            s = sib[node]
-            if s >= 0:
-                stack.append((s, parent, pdepth))
-            t = tok[node]
-            if t < 0 or t >= vocab:
-                continue
-            if not (int(mask_np[base + parent, t >> 5]) >> (t & 31)) & 1:
-                continue
-            if depth > pdepth:
-                grammar.rollback(depth - pdepth)
-                depth = pdepth
-            try:
-                ok = grammar.accept_token(t)
-            except ValueError:
-                ok = False
-            if ok is False:
-                continue
-            depth = pdepth + 1
-            if grammar.is_terminated():
-                continue
-            grammar.fill_vocab_mask(mask, base + node)
+            row = walker.step()
+            if row < 0:
+                return valid, True
+            fill_row(row)
             valid += 1
-            c = nxt[node]
-            if c >= 0:
-                stack.append((c, node, depth))
     except BaseException:
-        if depth:  # a grammar method raised mid-walk: leave the grammar where it was, then report the error
-            try:
-                grammar.rollback(depth)
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                pass
+        try:  # leave the matcher where it was, then report the original error
+            walker.abandon()
+        except Exception:  # noqa: BLE001
+            pass
         raise
-    if depth:
-        grammar.rollback(depth)
-    return valid, True
+
+
+def _walk_request(req: MaskRequest, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
+    """The exact walk for a request's xgrammar matcher or, failing that, its host grammar object."""
+    if req.matcher is not None:
+        m = req.matcher
+        return _exact_walk(m, lambda row: m.fill_next_token_bitmask(mask, row), nxt, sib, tok, vocab, mask, base,
+                           deadline)
+    g = req.grammar
+    return _exact_walk(_GrammarAsMatcher(g), lambda row: g.fill_vocab_mask(mask, row), nxt, sib, tok, vocab, mask,
+                       base, deadline)
 
 
 def neutralize_timed_out_drafts(draft_tokens: torch.Tensor, timed_out: Sequence[int], num_draft_tokens: int) -> None:
