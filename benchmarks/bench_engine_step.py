@@ -89,11 +89,14 @@ def delta(after: Dict[str, Any], before: Dict[str, Any], keys: Sequence[str]) ->
 
 
 def plugin_per_step_ms(d: Dict[str, float]) -> Optional[Dict[str, float]]:
-    """Plugin stats delta -> ms per plugin verify step (None when the plugin ran no step)."""
-    n = d.get("steps", 0)
-    if not n:
+    """Plugin stats delta -> the plugin's own means per verify step (``StepStats.per_step_ms``, the numbers of its
+    log line) for ``PLUGIN_KEYS``; None when the plugin ran no step."""
+    if not d.get("steps"):
         return None
-    return {k[:-2] + "_ms": d[k] / n * 1e3 for k in ("grammar_s", "advance_s", "tree_wait_s", "mask_s")}
+    from sglang_eagle_overlap.adapters.common import StepStats
+
+    per = StepStats(**{k: d[k] for k in PLUGIN_KEYS}).per_step_ms()
+    return {k: per[k] for k in ("grammar_ms", "advance_ms", "tree_wait_ms", "mask_ms")}
 
 
 def ratio(off: Dict[str, Any], on: Dict[str, Any], key: str = "step_ms") -> Optional[float]:

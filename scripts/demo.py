@@ -109,12 +109,14 @@ def main() -> int:
             print(f"grammar decode batches: {total}, ran with overlap disabled: {off} "
                   f"-> overlap {'KEPT' if total and not off else 'not kept' if off else 'n/a'}")
         if os.path.exists(plugin_stats):
+            from sglang_eagle_overlap.adapters.common import StepStats
+
             ps = json.load(open(plugin_stats))
-            n = max(int(ps.get("steps", 0)), 1)
+            m = StepStats(**{k: ps.get(k, 0) for k in ("steps", "grammar_s", "advance_s", "tree_wait_s",
+                                                       "mask_s")}).per_step_ms()  # the plugin's own log numbers
             print(f"plugin: active={ps.get('active')} steps={ps.get('steps')} grammar time/step "
-                  f"{ps.get('grammar_s', 0) / n * 1e3:.3f} ms (advance {ps.get('advance_s', 0) / n * 1e3:.3f}, "
-                  f"tree wait {ps.get('tree_wait_s', 0) / n * 1e3:.3f}, mask {ps.get('mask_s', 0) / n * 1e3:.3f}), "
-                  f"mask time-limit hits {ps.get('mask_timeouts', 0)}")
+                  f"{m['grammar_ms']:.3f} ms (advance {m['advance_ms']:.3f}, tree wait {m['tree_wait_ms']:.3f}, "
+                  f"mask {m['mask_ms']:.3f}), mask time-limit hits {ps.get('mask_timeouts', 0)}")
         elif args.plugin == "on":
             print("plugin: no stats file written (plugin inactive? check the engine log for 'sglang-eagle-overlap')")
         return 0 if ok_all else 1
