@@ -53,6 +53,7 @@ from sglang_eagle_overlap.core.timeline import (  # noqa: E402
     TIMELINE_ENV,
     group_steps,
     load_events,
+    median_or_none,
     step_periods,
 )
 
@@ -181,7 +182,6 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
         ss = [s for s in steps if s["bs"] == bs]
         phase_ms = {p: statistics.median([sum(e - b for b, e in s["phases"].get(p, [])) for s in ss])
                     for p in GRAMMAR_PHASES}
-        periods = [s["period_ms"] for s in ss if s["period_ms"] is not None]
         row: Dict[str, Any] = {
             "steps": len(ss),
             "grammar_ms": statistics.median([s["grammar_ms"] for s in ss]),
@@ -189,9 +189,9 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
             "phase_ms": phase_ms,
             "forward_ms": statistics.median([s["forward"][1] for s in ss]),
             "sample_ms": statistics.median([s["sample"] for s in ss]),
-            "period_ms": statistics.median(periods) if periods else None,
-            "free_period_ms": statistics.median(free[bs]) if free.get(bs) else None,
-            "free_forward_ms": statistics.median(free_fwd[bs]) if free_fwd.get(bs) else None,
+            "period_ms": median_or_none([s["period_ms"] for s in ss if s["period_ms"] is not None]),
+            "free_period_ms": median_or_none(free.get(bs, [])),
+            "free_forward_ms": median_or_none(free_fwd.get(bs, [])),
             "loop_ms": {f"{part}_{'constrained' if g else 'free'}": statistics.median(loop[(part, bs, g)])
                         for part in ("run_batch", "postprocess") for g in (True, False) if loop.get((part, bs, g))},
         }
