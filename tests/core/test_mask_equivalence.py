@@ -135,6 +135,7 @@ class Scenario:
                 continue
             assert got.bitmask is not None, label
             assert got.timed_out == [], label
+            filled = 0  # rows the reference walk fills ("open" nodes) over the batch
             for i, r in enumerate(self.ours):
                 rows = got.bitmask[i * self.n : (i + 1) * self.n]
                 if r.grammar is None:
@@ -142,6 +143,7 @@ class Scenario:
                     continue
                 states = node_states(r.grammar.matcher, self.trees[i], self.vocab)
                 self.counts.update(f"{st}-root" if node == 0 else st for node, st in enumerate(states))
+                filled += states.count("open")
                 for node, st in enumerate(states):
                     if st == "open":
                         assert torch.equal(rows[node], ref[i * self.n + node]), f"{label}: req {i} node {node}"
@@ -150,8 +152,6 @@ class Scenario:
                         assert bool((rows[node] == -1).all()), f"{label}: req {i} {st} node {node} must be -1"
                 assert torch.equal(rows, ref[i * self.n : (i + 1) * self.n]), f"{label}: req {i}"
             assert torch.equal(got.bitmask, ref), label
-            filled = sum(st == "open" for i, r in enumerate(self.ours) if r.grammar is not None
-                         for st in node_states(r.grammar.matcher, self.trees[i], self.vocab))
             assert got.valid_nodes == filled, f"{label}: valid_nodes {got.valid_nodes} != {filled} filled rows"
             after = [(G.next_token_bitmask(r.grammar.matcher, self.vocab), len(r.grammar.accepted_tokens))
                      for r in self.ours if r.grammar is not None]
