@@ -8,31 +8,19 @@ stays unpatched.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.patched_sglang import run_probe
+
 pytestmark = pytest.mark.sglang_0_5_23
 
 _PROBE = Path(__file__).with_name("_v0_5_23_probe.py")
-_REPO = Path(__file__).resolve().parents[2]
 
 
 def _run_probe(mode: str) -> dict:
-    env = dict(os.environ)
-    env.pop("SGLANG_EAGLE_OVERLAP", None)
-    env["SGLANG_EO_CPU_RUNTIME"] = "1"  # torchvision shim of the CPU test venv (no effect on a GPU install)
-    site = _REPO / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "_site"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, str(_PROBE), mode], capture_output=True, text=True, env=env, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"probe {mode} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads(lines[-1][len("PROBE-JSON "):])
+    return run_probe([str(_PROBE), mode], SGLANG_EAGLE_OVERLAP=None)
 
 
 @pytest.fixture(scope="module")

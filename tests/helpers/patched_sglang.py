@@ -1,18 +1,22 @@
 """A patched COPY of the installed SGLang: ``patches/sglang-<version>/*.patch`` applied with ``git apply --check``
 first (a stale patch fails hard). The installed files are never touched; put the returned root first on
-``PYTHONPATH`` / ``sys.path`` to import the copy."""
+``PYTHONPATH`` / ``sys.path`` to import the copy (:func:`run_probe` does, in a fresh interpreter)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
-from typing import List
+from typing import Iterable, List, Optional
 
-__all__ = ["REPO", "patch_files", "patched_sglang_copy"]
+__all__ = ["REPO", "patch_files", "patched_sglang_copy", "run_probe"]
 
 REPO = Path(__file__).resolve().parents[2]
+_CPU_SITE = REPO / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "_site"  # torchvision shim (sitecustomize)
 
 
 def patch_files(version: str) -> List[Path]:
@@ -30,3 +34,23 @@ def patched_sglang_copy(root: Path, version: str) -> Path:
             if proc.returncode != 0:
                 raise RuntimeError(f"git apply {' '.join(check)} {patch.name} failed in {root}: {proc.stderr}")
     return root
+
+
+def run_probe(args: List[str], first_on_path: Iterable[Path] = (), **env: Optional[str]) -> dict:
+    """Run ``python <args>`` in a fresh interpreter from the repository root, with ``first_on_path`` (e.g. a patched
+    copy) then the CPU runtime's torchvision shim and the repository first on ``PYTHONPATH``, and ``env`` set (``None``
+    removes a variable). Returns the JSON of the probe's last ``PROBE-JSON `` line; a failed probe fails the test with
+    its output."""
+    full = dict(os.environ, SGLANG_EO_CPU_RUNTIME="1")
+    for key, value in env.items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
+    full["PYTHONPATH"] = os.pathsep.join(str(p) for p in (*first_on_path, _CPU_SITE, REPO, full.get("PYTHONPATH", ""))
+                                         if str(p))
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=full, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
+    assert proc.returncode == 0 and lines, f"probe {args} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n" \
+                                           f"{proc.stderr[-5000:]}"
+    return json.loads(lines[-1][len("PROBE-JSON "):])

@@ -7,16 +7,12 @@ copy first on ``sys.path``.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.patched_sglang import REPO as _REPO
-from tests.helpers.patched_sglang import patch_files, patched_sglang_copy
+from tests.helpers.patched_sglang import patch_files, patched_sglang_copy, run_probe
 
 pytestmark = pytest.mark.sglang_0_5_23
 
@@ -40,16 +36,9 @@ def test_patch_does_not_apply_twice(patched_copy):
 
 
 def test_patched_modules_import_and_mask_path_runs(patched_copy):
-    env = dict(os.environ)
-    env["SGLANG_EO_CPU_RUNTIME"] = "1"
-    site = _REPO / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "_site"
-    env["PYTHONPATH"] = os.pathsep.join([str(patched_copy), str(site), str(_REPO), env.get("PYTHONPATH", "")])
-    env["SGLANG_EAGLE_OVERLAP"] = "0"  # the patched engine needs no plugin
-    proc = subprocess.run([sys.executable, "-m", "tests.patches._patched_probe", str(patched_copy)], cwd=_REPO,
-                          capture_output=True, text=True, env=env, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE-JSON ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-5000:]
-    facts = json.loads(lines[-1][len("PROBE-JSON "):])
+    # the patched engine needs no plugin
+    facts = run_probe(["-m", "tests.patches._patched_probe", str(patched_copy)], [patched_copy],
+                      SGLANG_EAGLE_OVERLAP="0")
     assert facts["from_copy"], facts["sglang_file"]
     assert facts["mask_equal"] and facts["barrier_called"] and facts["grammar_mask_reset"] and facts["has_draft_device"]
     assert facts["fed_once"] and facts["ledger_used"]
