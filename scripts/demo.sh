@@ -4,7 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VER="${SGLANG_VERSION:-0.5.23}"
-if [[ " $* " == *" --model-path "* ]]; then
+if [[ " $* " == *" --model-path"[\ =]* ]]; then   # --model-path M or --model-path=M
   exec python3 "$ROOT/scripts/demo.py" "$@"   # GPU machine: the user's own SGLang environment
 fi
 bash "$ROOT/scripts/setup_cpu_env.sh" "$VER"
