@@ -42,6 +42,9 @@ def test_patched_modules_import_and_mask_path_runs(patched_copy):
     assert facts["from_copy"], facts["sglang_file"]
     assert facts["mask_equal"] and facts["barrier_called"] and facts["grammar_mask_reset"] and facts["has_draft_device"]
     assert facts["fed_once"] and facts["ledger_used"]
+    # ... over a non-empty run (an empty retained run would make both checks hold trivially)
+    (retained,) = facts["retained"]
+    assert retained and retained == facts["run"][: len(retained)], facts
     assert facts["mask_failure_aborts_alone"] and facts["mask_failure_drafts_neutralised"], facts
 
 
