@@ -33,6 +33,7 @@ __all__ = [
     "abort_mask_failed",
     "abort_rejected",
     "advance",
+    "advance_or_abort",
     "mask_step",
     "prune_ledger",
     "report",
@@ -150,7 +151,6 @@ class StepStats:
     """
 
     steps: int = 0
-    grammar_s: float = 0.0
     unhidden_s: float = 0.0
     advance_s: float = 0.0
     tree_wait_s: float = 0.0
@@ -170,11 +170,14 @@ class StepStats:
         self.advance_s += advance_s
         self.tree_wait_s += tree_wait_s
         self.mask_s += mask_s
-        self.grammar_s += advance_s + tree_wait_s + mask_s
         self.unhidden_s += unhidden_s
         self.mask_timeouts += timeouts
         self.last = {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs),
                      "unhidden_s": unhidden_s}
+
+    @property
+    def grammar_s(self) -> float:
+        return self.advance_s + self.tree_wait_s + self.mask_s
 
     def per_step_ms(self) -> Dict[str, float]:
         """Mean per step, in ms, of the operator numbers (0 before the first step)."""
@@ -188,11 +191,27 @@ class StepStats:
         }
 
 
+STATS_FILE_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
+LOG_INTERVAL_ENV = "SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S"
+
+
+def _log_interval_s() -> float:
+    try:
+        return float(os.environ.get(LOG_INTERVAL_ENV, "30"))
+    except ValueError:
+        return 30.0
+
+
 class PluginState:
-    """Per-process state: one scheduler / one worker per process in SGLang, so one of each object."""
+    """Per-process state: one scheduler / one worker per process in SGLang, so one of each object.
+
+    The switches are read once, when the process's state is created (SGLang's scheduler imports the plugin at start).
+    """
 
     def __init__(self) -> None:
         self.active = False
+        self.stats_path = os.environ.get(STATS_FILE_ENV) or None
+        self.log_interval_s = _log_interval_s()
         self.copier = HostTreeCopier()
         self.ledger = AcceptLedger()
         limit_ms = float(os.environ.get("SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS", "50"))
@@ -318,38 +337,40 @@ def advance(req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
         return ledger.advance(rid, req.grammar, start, tokens)
 
 
-def abort_rejected(req: Any, tokens: Sequence[int], error: str) -> None:
-    """Finish ``req`` with a clear error for that request alone: the grammar rejected a token the model committed."""
+def _finish_with_error(req: Any, message: str) -> bool:
+    """Finish ``req`` alone with ``message`` (HTTP 500 for that request); False if it was already being finished (its
+    first, clearer reason is kept)."""
     from http import HTTPStatus
 
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     if getattr(req, "to_finish", None) is not None:
-        return  # already being finished (e.g. its mask build failed): keep that first, clearer reason
-    logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens), error)
-    req.to_finish = FINISH_ABORT(
-        f"Grammar accept_token failed: request {req.rid}: {error}",
-        HTTPStatus.INTERNAL_SERVER_ERROR,
-        "InternalServerError",
-    )
-    STATE.stats.count("aborts")
+        return False
+    req.to_finish = FINISH_ABORT(message, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+    return True
+
+
+def abort_rejected(req: Any, tokens: Sequence[int], error: str) -> None:
+    """Finish ``req`` with a clear error for that request alone: the grammar rejected a token the model committed."""
+    if _finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {error}"):
+        logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens), error)
+        STATE.stats.count("aborts")
+
+
+def advance_or_abort(req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
+    """:func:`advance`, then abort ``req`` alone if its grammar rejected one of ``tokens`` (post-processing's ask)."""
+    outcome = advance(req, start, tokens)
+    if outcome.error is not None:
+        abort_rejected(req, tokens, outcome.error)
+    return outcome
 
 
 def abort_mask_failed(req: Any, error: str) -> None:
     """Finish ``req`` with a clear error for that request alone: its grammar raised during the tree mask build."""
-    from http import HTTPStatus
-
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
     logger.error("sglang-eagle-overlap: aborting request %s: its grammar failed during the tree mask build: %s",
                  req.rid, error)
     STATE.stats.count("mask_failures")
-    if getattr(req, "to_finish", None) is None:
-        req.to_finish = FINISH_ABORT(
-            f"Grammar mask build failed: request {req.rid}: {error}",
-            HTTPStatus.INTERNAL_SERVER_ERROR,
-            "InternalServerError",
-        )
+    _finish_with_error(req, f"Grammar mask build failed: request {req.rid}: {error}")
 
 
 def prune_ledger(live: Collection[str], finished: Sequence[str] = ()) -> None:
@@ -411,13 +432,12 @@ def mask_step(
 
             STATE.upload_event = torch.get_device_module(device_mask.device).Event()
             STATE.upload_event.record()
-    if result.timed_out:
-        neutralize_timed_out_drafts(draft_device, result.timed_out, n)
-    if result.failed:  # that request alone is aborted; its drafts must not be accepted unmasked meanwhile
-        if draft_device is not None:
-            neutralize_timed_out_drafts(draft_device, [i for i, _ in result.failed], n)
-        for i, error in result.failed:
-            abort_mask_failed(reqs[i], error)
+    # Timed-out requests and failed ones (aborted alone below) must not accept unmasked drafts in this step.
+    unmasked = result.timed_out + [i for i, _ in result.failed]
+    if unmasked and draft_device is not None:
+        neutralize_timed_out_drafts(draft_device, unmasked, n)
+    for i, error in result.failed:
+        abort_mask_failed(reqs[i], error)
     t3 = time.perf_counter()
     unhidden = STATE.probe.on_mask_ready(t3)
     STATE.stats.record_step(t1 - t0, t2 - t1, t3 - t2, len(result.timed_out), bs, unhidden)
@@ -433,8 +453,6 @@ def mask_step(
     return device_mask, result
 
 
-STATS_FILE_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
-LOG_INTERVAL_ENV = "SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S"
 _last_log = [0.0]
 
 
@@ -446,11 +464,7 @@ def report() -> None:
     mask), ``not hidden`` ms (part of it after the verify forward was ready), and the mask time-limit hits."""
     s = STATE.stats
     now = time.monotonic()
-    try:
-        interval = float(os.environ.get(LOG_INTERVAL_ENV, "30"))
-    except ValueError:
-        interval = 30.0
-    if s.steps == 1 or now - _last_log[0] >= interval:
+    if s.steps == 1 or now - _last_log[0] >= STATE.log_interval_s:
         _last_log[0] = now
         m = s.per_step_ms()
         logger.info(
@@ -459,7 +473,7 @@ def report() -> None:
             s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["unhidden_ms"],
             s.mask_timeouts, len(STATE.ledger), s.counters,
         )
-    path = os.environ.get(STATS_FILE_ENV)
+    path = STATE.stats_path
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"
         try:

@@ -16,7 +16,7 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook, abort_rejected, advance
+from sglang_eagle_overlap.adapters.common import STATE, Hook, advance_or_abort
 from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
 
 TARGET = (
@@ -29,10 +29,7 @@ def replay_or_advance(req, start: int, tokens) -> list:
     """Post-processing's ask: the ledger replays what the barrier fed (or feeds it now); aborts on a rejected token."""
     if STATE.ledger.outcome(str(req.rid), start) is not None:
         STATE.stats.count("replays")
-    outcome = advance(req, start, tokens)
-    if outcome.error is not None:
-        abort_rejected(req, tokens, outcome.error)
-    return list(outcome.retained)
+    return list(advance_or_abort(req, start, tokens).retained)
 
 
 def accept_grammar_tokens(original, self, req, tokens, *args, **kwargs):

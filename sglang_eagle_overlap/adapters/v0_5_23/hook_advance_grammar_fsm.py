@@ -16,7 +16,7 @@ How: same gating and semantics as upstream --
   first token is retained, as upstream does);
 * retracted / finished requests are skipped (SG#28986);
 * a rejected token aborts the request with ``FINISH_ABORT("Grammar accept_token failed: ...")``
-  (:func:`~sglang_eagle_overlap.adapters.common.abort_rejected`).
+  (:func:`~sglang_eagle_overlap.adapters.common.advance_or_abort`).
 
 The output position is ``len(req.output_ids)`` at advance time: the result being advanced is not yet appended. If the
 ledger and SGLang disagree about the position (a request re-anchored by SGLang, e.g. its grammar was rebuilt), the
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook, abort_rejected, advance, prune_ledger
+from sglang_eagle_overlap.adapters.common import STATE, Hook, advance_or_abort, prune_ledger
 
 __all__ = ["HOOK", "TARGET", "advance_grammar_fsm_around", "advance_request"]
 
@@ -58,11 +58,9 @@ def advance_request(req: Any, tokens: List[int]) -> List[int]:
 
     Returns the retained prefix (upstream's ``_accept_grammar_tokens`` contract).
     """
-    outcome = advance(req, len(req.output_ids), tokens)
+    outcome = advance_or_abort(req, len(req.output_ids), tokens)
     retained = list(outcome.retained)
-    if outcome.error is not None:
-        abort_rejected(req, tokens, outcome.error)
-    elif not retained and outcome.terminated and tokens:
+    if outcome.error is None and not retained and outcome.terminated and tokens:
         # Upstream: accept_token on a terminated grammar is a no-op, the first token is kept, then it stops.
         retained = [int(tokens[0])]
     return retained
