@@ -159,8 +159,6 @@ def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
             if ev[4]:
                 last_forward = ev
             continue
-        if name == "step":
-            continue
         if name == "mask_apply":
             if steps and ev[1] >= steps[-1]["launch_s"] + steps[-1]["sample"] / 1e3:
                 last = steps[-1]
