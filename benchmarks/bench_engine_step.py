@@ -95,7 +95,7 @@ def plugin_per_step_ms(d: Dict[str, float]) -> Optional[Dict[str, float]]:
         return None
     from sglang_eagle_overlap.adapters.common import StepStats
 
-    per = StepStats(**{k: d[k] for k in PLUGIN_KEYS}).per_step_ms()
+    per = StepStats(**{k: d[k] for k in ("steps", "advance_s", "tree_wait_s", "mask_s")}).per_step_ms()
     return {k: per[k] for k in ("grammar_ms", "advance_ms", "tree_wait_ms", "mask_ms")}
 
 

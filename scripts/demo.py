@@ -112,8 +112,8 @@ def main() -> int:
             from sglang_eagle_overlap.adapters.common import StepStats
 
             ps = json.load(open(plugin_stats))
-            m = StepStats(**{k: ps.get(k, 0) for k in ("steps", "grammar_s", "advance_s", "tree_wait_s",
-                                                       "mask_s")}).per_step_ms()  # the plugin's own log numbers
+            m = StepStats(**{k: ps.get(k, 0) for k in ("steps", "advance_s", "tree_wait_s", "mask_s")}
+                          ).per_step_ms()  # the plugin's own log numbers (grammar = advance + tree wait + mask)
             print(f"plugin: active={ps.get('active')} steps={ps.get('steps')} grammar time/step "
                   f"{m['grammar_ms']:.3f} ms (advance {m['advance_ms']:.3f}, tree wait {m['tree_wait_ms']:.3f}, "
                   f"mask {m['mask_ms']:.3f}), mask time-limit hits {ps.get('mask_timeouts', 0)}")
