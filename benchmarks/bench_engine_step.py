@@ -239,8 +239,9 @@ def _one_run(spec: str, variant: str, rep: int, rounds: int, tmp: str, problems:
 
 
 def aggregate(runs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per (spec that ran, batch size), both variants side by side."""
     rows = []
-    for spec in SPECS:
+    for spec in dict.fromkeys(r["spec"] for r in runs):
         for bs in BATCHES:
             row: Dict[str, Any] = {"spec": spec, "bs": bs}
             for variant in ("on", "off"):
@@ -293,12 +294,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "rounds": args.rounds,
         "batches": list(BATCHES),
         "wall_s": time.monotonic() - t0,
-        "rows": aggregate([r for r in runs if r["spec"] in specs]),
+        "rows": aggregate(runs),
         "runs": [{k: v for k, v in r.items() if k != "phases"} for r in runs],
         "raw": runs,
         "problems": problems,
     }
-    result["rows"] = [row for row in result["rows"] if row["spec"] in specs]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"engine_step_{machine['sglang']}"
