@@ -69,20 +69,22 @@ def _batch(reqs, mode="DECODE"):
 def _upstream_advance(result, batch):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor as P
 
+    from sglang_eagle_overlap.adapters.common import _contains_hook
+    from sglang_eagle_overlap.adapters.v0_5_23.hook_advance_grammar_fsm import advance_grammar_fsm_around
+
+    # The reference must be SGLang's own method, not the plugin's hook (else the comparison is plugin vs plugin).
+    assert not _contains_hook(P.advance_grammar_fsm, advance_grammar_fsm_around)
     ns = SimpleNamespace()
     ns._accept_grammar_tokens = lambda req, toks: P._accept_grammar_tokens(ns, req, toks)
     P.advance_grammar_fsm(ns, result, batch)
 
 
 def _ours_advance(result, batch):
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor as P
-
     from sglang_eagle_overlap.adapters.v0_5_23.hook_advance_grammar_fsm import advance_grammar_fsm_around
 
     def original(*a, **k):
         raise AssertionError("SGLang's advance_grammar_fsm must not run while the plugin is active")
 
-    assert P.advance_grammar_fsm.__name__ == "advance_grammar_fsm"
     advance_grammar_fsm_around(original, None, result, batch)
 
 
