@@ -44,8 +44,7 @@ def test_patched_copy_engine_token_identical(engine_pool, tmp_path):
     engine_pool.close()  # one engine at a time
     got, stats, log_tail = run_cases_on_patched_server(root, tmp_path, CASES,
                                                        {"SGLANG_EO_PATCH_MARK": str(mark)})
-    assert str(root) in log_tail or mark.exists(), log_tail
-    assert mark.exists() and len(mark.read_text()) > 0, "the patched build_grammar_vocab_mask never ran"
+    assert mark.exists() and len(mark.read_text()) > 0, f"the patched build_grammar_vocab_mask never ran:\n{log_tail}"
     assert stats.get("runtime_errors") == [], stats
     for case in CASES:
         assert len(got[case]) == len(want[case]), case
