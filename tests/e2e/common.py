@@ -64,6 +64,22 @@ def running_requests(loads: Any) -> int:
 _LOAD_KEYS = ("num_running_reqs", "num_waiting_reqs", "num_reqs", "running_reqs", "waiting_reqs")
 
 
+def wait_idle(server: Any, timeout: float) -> None:
+    """Poll ``/v1/loads`` until nothing runs or waits; fail if the server process died or it is still busy after
+    ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    loads = None
+    while time.monotonic() < deadline:
+        assert server.proc.poll() is None, server.log_tail()
+        loads = server.get_json("/v1/loads")
+        if running_requests(loads) == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"server not idle after {timeout} s: {loads}")
+
+
 def run_cases_on_patched_server(root: Any, tmp_path: Any, cases: dict, mark_env: dict[str, str],
                                 spec: str = "topk4") -> tuple[dict, dict, str]:
     """Serve ``cases`` from ``python -m sglang.launch_server`` with the patched SGLang copy at ``root`` first on

@@ -16,7 +16,7 @@ import requests
 from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
 from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 
-from .common import accept_length, running_requests
+from .common import accept_length, running_requests, wait_idle
 
 pytestmark = pytest.mark.engine
 
@@ -113,14 +113,7 @@ def test_aborted_request_frees_its_resources(server):
     assert meta.get("finish_reason", {}).get("type") == "abort", (out, server.get_json("/v1/loads"))
     assert meta["completion_tokens"] < 1000
     # Idle again: SGLang's idle self-check raises on a KV/req-slot leak, which would kill the scheduler.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        loads = server.get_json("/v1/loads")
-        running = running_requests(loads)
-        if running == 0:
-            break
-        time.sleep(0.5)
-    assert running == 0, loads
+    wait_idle(server, 30)
     time.sleep(2.0)
     assert server.proc.poll() is None, server.log_tail()
     assert "leak" not in server.log_tail(400).lower(), server.log_tail()

@@ -33,7 +33,7 @@ from sglang_eo_cpu_runtime.faults import RAISE_MARKER, SLOW_MARKER
 from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 from sglang_eo_cpu_runtime.stats import read_stats
 
-from .common import output_ids, running_requests
+from .common import output_ids, wait_idle
 
 pytestmark = pytest.mark.engine
 
@@ -120,18 +120,6 @@ def _error_text(r: requests.Response) -> Optional[str]:
     return None
 
 
-def _wait_idle(server, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    loads = None
-    while time.monotonic() < deadline:
-        assert server.proc.poll() is None, server.log_tail()
-        loads = server.get_json("/v1/loads")
-        if running_requests(loads) == 0:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"server not idle after {timeout} s: {loads}")
-
-
 def _stream_and_disconnect(server, rid: str) -> int:
     """Start a long streaming request, read two chunks, then drop the connection. Returns the chunks read."""
     body = _body("Stream forever:", rid=rid, max_new_tokens=1000, ignore_eos=True)
@@ -157,7 +145,7 @@ def test_faults_leave_the_server_serving(server):
         assert check(out), (name, out)
         assert output_ids(out), (name, out)
         refs[name] = out
-    _wait_idle(server)
+    wait_idle(server, 180)
     stats_before = server.stats()
     assert stats_before.get("runtime_errors") == [], stats_before
 
@@ -212,7 +200,7 @@ def test_faults_leave_the_server_serving(server):
         assert results[f"disconnect{i}"] == 2
 
     # --- 4. idle: nothing leaked, the server still serves exactly ----------------------------------------------
-    _wait_idle(server)
+    wait_idle(server, 180)
     checks = server.stats().get("idle_memory_checks", 0)
     deadline = time.monotonic() + 30
     while server.stats().get("idle_memory_checks", 0) <= checks and time.monotonic() < deadline:
