@@ -66,7 +66,8 @@ def load_facts() -> dict:
 
     from sglang_eagle_overlap import plugin
     from sglang_eagle_overlap.adapters.common import STATE, _contains_hook
-    from sglang_eagle_overlap.adapters.v0_5_23 import ADAPTER, HOOKS, importable_callers
+    from sglang_eagle_overlap.adapters.common import importable_callers
+    from sglang_eagle_overlap.adapters.v0_5_23 import ADAPTER, HOOKS
 
     facts = {"pinned": pinned_facts()}
     plugin.load()

@@ -65,6 +65,7 @@ def adapter():
     plugin.load()
     assert plugin.is_active(), "plugin did not activate on the installed SGLang 0.5.16"
     yield ADAPTER
+    ADAPTER.deactivate()  # later tests in this process see SGLang's own behaviour again
 
 
 def _hook_for(target):
@@ -90,8 +91,7 @@ def test_target_signature_pinned(adapter, target):
 
 @pytest.mark.parametrize("target", sorted(PINNED))
 def test_callers_reach_patched_attribute(adapter, target):
-    from sglang_eagle_overlap.adapters.common import _contains_hook, resolve_attr, verify_hooks
-    from sglang_eagle_overlap.adapters.v0_5_16 import importable_callers
+    from sglang_eagle_overlap.adapters.common import _contains_hook, importable_callers, resolve_attr, verify_hooks
 
     hook = _hook_for(target)
     assert _contains_hook(resolve_attr(target), hook.fn)

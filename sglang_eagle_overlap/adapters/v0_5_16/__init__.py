@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from sglang_eagle_overlap.adapters.common import BandAdapter, Hook, importable_callers
+from sglang_eagle_overlap.adapters.common import BandAdapter, Hook
 from sglang_eagle_overlap.adapters.v0_5_16 import (
     accept_grammar_tokens,
     apply_prefill_grammar,
@@ -26,7 +26,7 @@ from sglang_eagle_overlap.adapters.v0_5_16 import (
     scheduler_overlap,
 )
 
-__all__ = ["ADAPTER", "HOOKS", "Adapter", "importable_callers"]
+__all__ = ["ADAPTER", "HOOKS", "Adapter"]
 
 HOOKS: Tuple[Hook, ...] = (
     scheduler_overlap.HOOK,

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from sglang_eagle_overlap.adapters.common import BandAdapter, Hook, importable_callers
+from sglang_eagle_overlap.adapters.common import BandAdapter, Hook
 from sglang_eagle_overlap.adapters.v0_5_23 import (
     hook_advance_grammar_fsm,
     hook_build_grammar_vocab_mask,
     hook_grammar_tree,
 )
 
-__all__ = ["ADAPTER", "HOOKS", "Adapter", "importable_callers"]
+__all__ = ["ADAPTER", "HOOKS", "Adapter"]
 
 HOOKS: Tuple[Hook, ...] = (
     hook_grammar_tree.HOOK,
