@@ -53,8 +53,11 @@ def _run(engine_pool, cfg: EngineConfig):
         stats_path = os.path.join(engine_pool.tmp_dir, f"plugin-stats-{cfg.describe()}.json")
         if os.path.exists(stats_path):
             os.remove(stats_path)
-        os.environ[PLUGIN_STATS_ENV] = stats_path  # inherited by the spawned scheduler
-        engine = engine_pool.get(cfg)
+        os.environ[PLUGIN_STATS_ENV] = stats_path  # read by the spawned scheduler when it starts
+        try:
+            engine = engine_pool.get(cfg)
+        finally:
+            os.environ.pop(PLUGIN_STATS_ENV, None)  # later engine starts must not write to this path
         results = _run_all(engine)
         plugin_stats = None
         if os.path.exists(stats_path):
