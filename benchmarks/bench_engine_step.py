@@ -1,13 +1,13 @@
 """Decode step time of the real SGLang engine on CPU, plugin on vs off, under constrained EAGLE3 load (issue #4).
 
 For each EAGLE3 variant (topk 1: 3 steps / 4 draft tokens; topk 4: 3 steps / 8 draft tokens) a fresh in-process CPU
-engine (``sglang_eo_cpu_runtime.engine.start_engine``, the hand-set "follower" pair whose drafts the grammar accepts,
+engine (``sglang_eo_dev.cpu_runtime.engine.start_engine``, the hand-set "follower" pair whose drafts the grammar accepts,
 overlap scheduler on) is started per run, alternating plugin on / plugin off (``SGLANG_EAGLE_OVERLAP=0``):
 on, off, on, off. Each run warms up once, then sends batches of 8 and 16 identical-schema requests
 (``FOLLOWER_SCHEMA``, greedy, ``max_new_tokens`` 64; the follower writes its 16-token document then stops:
 4 verify steps of 4 tokens), several rounds each, and checks every output is the follower document.
 
-Measured in the scheduler process (``sglang_eo_cpu_runtime.step_times``): the wall time of each decode step (one
+Measured in the scheduler process (``sglang_eo_dev.cpu_runtime.step_times``): the wall time of each decode step (one
 scheduler-loop iteration between two grammar decode-batch launches: schedule + forward + verify mask + processing of
 the previous result) and the time inside grammar work during it (SGLang's grammar entry points and the plugin's mask
 step, nested regions counted once). Also read: the runtime's overlap counters (grammar decode batches run with
@@ -175,10 +175,10 @@ def _machine() -> Dict[str, Any]:
 
 
 def _one_run(spec: str, variant: str, rep: int, rounds: int, tmp: str, problems: List[str]) -> Dict[str, Any]:
-    from sglang_eo_cpu_runtime.engine import EngineConfig, start_engine
-    from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
-    from sglang_eo_cpu_runtime.stats import read_stats
-    from sglang_eo_cpu_runtime.step_times import STEP_TIMES_ENV, read_step_times
+    from sglang_eo_dev.cpu_runtime.engine import EngineConfig, start_engine
+    from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
+    from sglang_eo_dev.cpu_runtime.stats import read_stats
+    from sglang_eo_dev.cpu_runtime.step_times import STEP_TIMES_ENV, read_step_times
 
     tag = f"{spec}-{variant}-{rep}"
     step_file = os.path.join(tmp, f"steps-{tag}.json")
@@ -289,7 +289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT), "benchmarks/bench_engine_step.py",
                                      *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine,
-        "vocab": __import__("sglang_eo_cpu_runtime.engine", fromlist=["EngineConfig"]).EngineConfig().vocab_size,
+        "vocab": __import__("sglang_eo_dev.cpu_runtime.engine", fromlist=["EngineConfig"]).EngineConfig().vocab_size,
         "order": [f"{v}#{rep}" for rep in range(args.repeats) for v in ORDER],
         "rounds": args.rounds,
         "batches": list(BATCHES),

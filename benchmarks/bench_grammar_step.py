@@ -40,9 +40,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import grammars as G  # noqa: E402
-from tests.helpers.tokenizers import tokenizer_info  # noqa: E402
-from tests.helpers.trees import eagle_tree, num_draft_tokens, stack_trees  # noqa: E402
+from sglang_eo_dev.helpers import grammars as G  # noqa: E402
+from sglang_eo_dev.helpers.tokenizers import tokenizer_info  # noqa: E402
+from sglang_eo_dev.helpers.trees import eagle_tree, num_draft_tokens, stack_trees  # noqa: E402
 
 TREES = [(1, 3), (4, 3), (8, 5)]  # (topk, steps); node counts from num_draft_tokens: 4, 8, 64
 BATCHES = [1, 8, 32, 64]

@@ -8,7 +8,7 @@ process only: its dataset loader returns our rows (:mod:`benchmarks.schemas`; ea
 bench_serving's per-request ``extra_request_body``), and its request function is wrapped to keep each request's
 ``meta_info.spec_accept_length`` (bench_serving parses it but only reports the server's lifetime average).
 
-Default: CPU, the real SGLang engine through the test-only CPU runtime (``tests/cpu_runtime``), the tiny local
+Default: CPU, the real SGLang engine through the test-only CPU runtime (``sglang_eo_dev.cpu_runtime``), the tiny local
 "follower" target + EAGLE3 draft pair, EAGLE3 topk 1 / 3 steps / 4 draft tokens, overlap scheduler on. This shows
 the mechanics (every variant runs, metrics are collected, grammar batches keep the overlap or not); CPU timings are
 CPU work and say nothing about GPU speed. GPU machine (UNTESTED here, no GPU was available)::
@@ -89,9 +89,9 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def cpu_server(args: argparse.Namespace, plugin: bool, tmp: str) -> Iterator[Server]:
-    """The real SGLang HTTP server on CPU with the tiny local models (test-only runtime in ``tests/cpu_runtime``)."""
+    """The real SGLang HTTP server on CPU with the tiny local models (test-only runtime in ``sglang_eo_dev.cpu_runtime``)."""
     os.makedirs(tmp, exist_ok=True)
-    from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
+    from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
 
     tag = "on" if plugin else "off"
     plugin_stats = os.path.join(tmp, f"plugin-{tag}.json")
@@ -401,7 +401,7 @@ def main() -> int:
     ap.add_argument("--server-args", default="", help="extra sglang.launch_server flags (GPU mode), one string")
     ap.add_argument("--server-timeout", type=float, default=1200, help="seconds to wait for a GPU server")
     ap.add_argument("--pair", default="follower", choices=["follower", "noisy-follower", "random"],
-                    help="CPU tiny model pair (tests/cpu_runtime)")
+                    help="CPU tiny model pair (dev/, sglang_eo_dev.cpu_runtime)")
     ap.add_argument("--spec", default="topk1", choices=sorted(SPEC), help="EAGLE3 tree: topk1 (3 steps, 4 draft tokens)"
                     " or topk4 (3 steps, 8 draft tokens)")
     ap.add_argument("--num-prompts", type=int, default=16, help="requests per run (default 16; GPU: use 200+)")
@@ -429,8 +429,7 @@ def main() -> int:
 
     if not args.model_path:
         # CPU venvs pair a CUDA torchvision wheel with CPU torch; the test runtime's shim lets `import sglang` work.
-        sys.path.insert(0, str(ROOT / "tests" / "cpu_runtime"))
-        from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+        from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
         install_import_hook()
     serving = _bench_serving()
@@ -449,7 +448,7 @@ def main() -> int:
     else:
         topk, steps, draft = SPEC[args.spec]
         start, server_desc = cpu_server, (
-            f"real SGLang server on CPU (tests/cpu_runtime), tiny '{args.pair}' target + EAGLE3 draft, EAGLE3 topk "
+            f"real SGLang server on CPU (dev/, sglang_eo_dev.cpu_runtime), tiny '{args.pair}' target + EAGLE3 draft, EAGLE3 topk "
             f"{topk} / {steps} steps / {draft} draft tokens, overlap scheduler on, xgrammar, float32")
     runs: List[Dict[str, Any]] = []
     servers: Dict[str, Any] = {}

@@ -11,7 +11,7 @@ Each engine (CPU test runtime, "json-follower" tiny model pair, EAGLE3 topk 1 / 
 scheduler on) decodes, per batch size in ``--batch-sizes``, a batch of FOLLOWER_SCHEMA-constrained requests and the
 same batch unconstrained (the follower writes the same tokens either way, so both batches take the same steps). The
 scheduler records every step's phases (:mod:`sglang_eagle_overlap.core.timeline`; stock paths through the CPU
-runtime's test-only :mod:`sglang_eo_cpu_runtime.timeline_probe`). Writes
+runtime's test-only :mod:`sglang_eo_dev.cpu_runtime.timeline_probe`). Writes
 ``benchmarks/results/timeline_<sglang>_<stock|plugin>.json``.
 
 ``plot`` (any python with matplotlib; no engine)::
@@ -203,8 +203,8 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
 
 
 def run_path(plugin: bool, batch_sizes: Sequence[int], repeats: int) -> Dict[str, Any]:
-    from sglang_eo_cpu_runtime.engine import EngineConfig, start_engine
-    from sglang_eo_cpu_runtime.models import FOLLOWER_SCHEMA
+    from sglang_eo_dev.cpu_runtime.engine import EngineConfig, start_engine
+    from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
 
     tmp = tempfile.mkdtemp(prefix="eo-timeline-")
     tl_file = os.path.join(tmp, "timeline.json")

@@ -67,9 +67,8 @@ def main() -> int:
         engine = sglang.Engine(model_path=args.model_path, speculative_algorithm="EAGLE3",
                                speculative_draft_model_path=args.draft_model_path, grammar_backend="xgrammar", **spec)
     else:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "cpu_runtime"))
-        from sglang_eo_cpu_runtime import engine as cpu_engine
-        from sglang_eo_cpu_runtime import models
+        from sglang_eo_dev.cpu_runtime import engine as cpu_engine
+        from sglang_eo_dev.cpu_runtime import models
 
         schema = models.FOLLOWER_SCHEMA
         prompts = ["Write the record as JSON:", "JSON please:", "Give me the object:", "Output:"][: args.requests]

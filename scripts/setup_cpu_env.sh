@@ -23,10 +23,10 @@ STAMP="$VENV/.sglang-eo-stamp"
 WANT="$(sha256sum < "$0" | cut -c1-16)-$VER"
 install_local() {
   # The plugin itself and the test-only CPU runtime plugin, editable, so their entry points are registered.
-  local want_local; want_local="$(cat "$ROOT/pyproject.toml" "$ROOT/tests/cpu_runtime/pyproject.toml" | sha256sum | cut -c1-16)"
+  local want_local; want_local="$(cat "$ROOT/pyproject.toml" "$ROOT/dev/pyproject.toml" | sha256sum | cut -c1-16)"
   if [[ -f "$VENV/.local-stamp" && "$(cat "$VENV/.local-stamp")" == "$want_local" ]]; then return 0; fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-    -e "$ROOT" -e "$ROOT/tests/cpu_runtime" >/dev/null 2>&1
+    -e "$ROOT" -e "$ROOT/dev" >/dev/null 2>&1
   echo "$want_local" > "$VENV/.local-stamp"
 }
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then

@@ -7,7 +7,7 @@ import pytest
 from sglang_eagle_overlap.plugin import sglang_version
 
 try:  # CPU test venvs: let the CUDA-built torchvision wheel import against CPU torch, before any test imports SGLang
-    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+    from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
     install_import_hook()
 except ImportError:  # the test-only runtime is not installed (e.g. a GPU machine's own environment)

@@ -1,6 +1,6 @@
 """Pure helpers of the engine step benchmark (no engine): the scheduler-side step clock and the result summaries.
 
-``sglang_eo_cpu_runtime.step_times`` turns ``run_batch`` launches into decode-step records and counts grammar time
+``sglang_eo_dev.cpu_runtime.step_times`` turns ``run_batch`` launches into decode-step records and counts grammar time
 once across nested regions; ``benchmarks/bench_engine_step.py`` reduces those records to medians and ratios.
 """
 
@@ -23,7 +23,7 @@ def _load(name: str, path: Path):
     return module
 
 
-step_times = _load("eo_step_times", _ROOT / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "step_times.py")
+step_times = _load("eo_step_times", _ROOT / "dev" / "sglang_eo_dev" / "cpu_runtime" / "step_times.py")
 bench = _load("bench_engine_step", _ROOT / "benchmarks" / "bench_engine_step.py")
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_serving_constrained as bench  # noqa: E402
 from benchmarks.schemas import FAMILIES, FEATURES, make_dataset, schema_features  # noqa: E402
-from tests.helpers.tokenizers import tokenizer_info  # noqa: E402
+from sglang_eo_dev.helpers.tokenizers import tokenizer_info  # noqa: E402
 
 N = 32  # four cases per family
 

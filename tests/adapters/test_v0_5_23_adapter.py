@@ -19,7 +19,7 @@ from typing import List
 import pytest
 import torch
 
-from tests.helpers.grammars import ensure_sglang_importable, sglang_grammar
+from sglang_eo_dev.helpers.grammars import ensure_sglang_importable, sglang_grammar
 
 pytestmark = pytest.mark.sglang_0_5_23
 
@@ -44,7 +44,7 @@ def _req(rid: str, grammar, output_ids=(), finished=False, retracted=False, chun
 
 
 def _doc(seed=0):
-    from tests.helpers.grammars import doc_tokens
+    from sglang_eo_dev.helpers.grammars import doc_tokens
 
     return list(doc_tokens("nested", random.Random(seed), VOCAB))
 
@@ -139,7 +139,7 @@ def test_advance_matches_upstream(case):
 
 
 def _allows(grammar, tok) -> bool:
-    from tests.helpers.trees import allowed_tokens
+    from sglang_eo_dev.helpers.trees import allowed_tokens
 
     return tok in set(allowed_tokens(grammar.matcher, VOCAB).tolist())
 
@@ -181,7 +181,7 @@ def test_passthrough_when_inactive(active_state):
 
 # -- mask path --------------------------------------------------------------------------------------------------
 def _tree_batch(seed, bs, topk, steps):
-    from tests.helpers.trees import eagle_tree, num_draft_tokens, stack_trees
+    from sglang_eo_dev.helpers.trees import eagle_tree, num_draft_tokens, stack_trees
 
     rng = random.Random(seed)
     n = num_draft_tokens(topk, steps)

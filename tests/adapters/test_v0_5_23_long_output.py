@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.adapters.test_v0_5_23_adapter import VOCAB, _batch, _decode_result, _ours_advance, _req, active_state  # noqa: F401
-from tests.helpers.grammars import ensure_sglang_importable
+from sglang_eo_dev.helpers.grammars import ensure_sglang_importable
 
 pytestmark = pytest.mark.sglang_0_5_23
 
@@ -40,9 +40,9 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
     from sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask import build_grammar_vocab_mask_around
     from sglang_eagle_overlap.adapters.v0_5_23.hook_grammar_tree import PluginGrammarTree
     from sglang_eagle_overlap.core import TreeMaskBuilder
-    from tests.helpers.grammars import _compiler
-    from tests.helpers.tokenizers import EOS_ID, encode
-    from tests.helpers.trees import eagle_tree
+    from sglang_eo_dev.helpers.grammars import _compiler
+    from sglang_eo_dev.helpers.tokenizers import EOS_ID, encode
+    from sglang_eo_dev.helpers.trees import eagle_tree
 
     ctx = _compiler(VOCAB).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
     truth = list(encode("[" + ", ".join(str(i) for i in range(N_ITEMS)) + "]", VOCAB)) + [EOS_ID]

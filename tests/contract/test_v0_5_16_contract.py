@@ -38,7 +38,7 @@ PINNED = {
 
 # The subprocess needs the CUDA-built torchvision wheel to import against CPU torch, as conftest arranges here.
 TORCHVISION_SHIM = (
-    "from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook\n"
+    "from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook\n"
     "install_import_hook()\n"
 )
 

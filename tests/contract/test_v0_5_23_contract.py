@@ -2,25 +2,23 @@
 
 One target per hook module: the target exists with the pinned signature, the callers that did ``from X import name``
 reach the patched object after ``plugin.load()``, load is idempotent, and a missing target is refused loudly with every
-hook left passive. The plugin is loaded in a fresh interpreter (``_v0_5_23_probe.py``) so this test process's SGLang
+hook left passive. The plugin is loaded in a fresh interpreter (``sglang_eo_dev.probes.contract_v0_5_23``) so this test process's SGLang
 stays unpatched.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.patched_sglang import run_probe
+from sglang_eo_dev.helpers.patched_sglang import run_probe
 
 pytestmark = pytest.mark.sglang_0_5_23
 
-_PROBE = Path(__file__).with_name("_v0_5_23_probe.py")
 
 
 def _run_probe(mode: str) -> dict:
-    return run_probe([str(_PROBE), mode], SGLANG_EAGLE_OVERLAP=None)
+    return run_probe(["-m", "sglang_eo_dev.probes.contract_v0_5_23", mode], SGLANG_EAGLE_OVERLAP=None)
 
 
 @pytest.fixture(scope="module")

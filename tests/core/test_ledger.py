@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_eagle_overlap.core import AcceptLedger, LedgerConflictError, LedgerGapError
-from tests.helpers import grammars as G
-from tests.helpers.tokenizers import EOS_ID
+from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.tokenizers import EOS_ID
 
 VOCAB = 32000
 

@@ -30,9 +30,9 @@ import torch
 
 from sglang_eagle_overlap.adapters.common import mask_request_for
 from sglang_eagle_overlap.core import TreeMaskBuilder, neutralize_timed_out_drafts
-from tests.helpers import grammars as G
-from tests.helpers.tokenizers import EOS_ID
-from tests.helpers.trees import Tree, allowed_tokens, eagle_tree, stack_trees
+from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.tokenizers import EOS_ID
+from sglang_eo_dev.helpers.trees import Tree, allowed_tokens, eagle_tree, stack_trees
 
 G.ensure_sglang_importable()
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
-from tests.helpers import grammars as G
+from sglang_eo_dev.helpers import grammars as G
 
 VOCAB = 32000
 N = 5

@@ -50,8 +50,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_eagle_overlap.core import AcceptLedger, MaskRequest, TreeMaskBuilder
-from tests.helpers.grammars import next_token_bitmask
-from tests.helpers.trees import Tree, eagle_tree, stack_trees
+from sglang_eo_dev.helpers.grammars import next_token_bitmask
+from sglang_eo_dev.helpers.trees import Tree, eagle_tree, stack_trees
 
 LONG = os.environ.get("SGLANG_EO_LONG") == "1"
 SCHEDULES = {"lockstep": 10_000, "native": 1_000, "python": 1_000} if LONG else {

@@ -93,7 +93,7 @@ def run_cases_on_patched_server(root: Any, tmp_path: Any, cases: dict, mark_env:
     import os
     import urllib.request
 
-    from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
+    from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
 
     old = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), old) if p)

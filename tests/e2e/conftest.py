@@ -2,7 +2,8 @@
 
 An engine start costs ~25-40 s on 2 cores, so engines are shared: :class:`EnginePool` keeps at most ONE engine alive
 per session and swaps it only when a test asks for a different :class:`EngineConfig`. Test modules are ordered so each
-configuration is started once. Results every module compares against (non-speculative greedy outputs) are cached in
+configuration is started once: :data:`MODULE_ORDER` (applied in ``pytest_collection_modifyitems``) is that order,
+so it does not depend on file names. Results every module compares against (non-speculative greedy outputs) are cached in
 the pool.
 
 The whole directory is skipped, with the reason, when the interpreter has no SGLang or no CPU test runtime
@@ -17,10 +18,37 @@ from typing import Any, Optional
 
 import pytest
 
-_MISSING = [m for m in ("sglang", "sgl_kernel", "sglang_eo_cpu_runtime") if importlib.util.find_spec(m) is None]
+_MISSING = [m for m in ("sglang", "sgl_kernel", "sglang_eo_dev") if importlib.util.find_spec(m) is None]
+
+
+# Engine modules in the order that starts each shared engine configuration once (the pool keeps one engine alive):
+# in-process engines first, then the modules that start their own servers. Modules not listed run after these, in
+# collection order.
+MODULE_ORDER = (
+    "test_spec_equivalence",
+    "test_grammar_follower",
+    "test_plugin_equivalence",
+    "test_server",
+    "test_operator_metrics_server",
+    "test_faults",
+    "test_patch_v0_5_23",
+    "test_patch_v0_5_16",
+)
+
+
+def _module_rank(item) -> int:
+    name = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+    return MODULE_ORDER.index(name) if name in MODULE_ORDER else len(MODULE_ORDER)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    e2e = [i for i in items if "/e2e/" in str(i.fspath).replace("\\", "/")]
+    if e2e:
+        first = items.index(e2e[0])
+        ordered = sorted(e2e, key=_module_rank)  # stable: keeps collection order inside a module
+        in_e2e = set(map(id, e2e))
+        rest = [i for i in items if id(i) not in in_e2e]
+        items[:] = rest[:first] + ordered + rest[first:]
     if not _MISSING:
         return
     skip = pytest.mark.skip(
@@ -49,7 +77,7 @@ class EnginePool:
         self.close()
         import time
 
-        from sglang_eo_cpu_runtime.engine import start_engine
+        from sglang_eo_dev.cpu_runtime.engine import start_engine
 
         self.stats_file = os.path.join(self.tmp_dir, f"stats-{cfg.describe()}.json")
         t0 = time.monotonic()
@@ -59,7 +87,7 @@ class EnginePool:
         return self.engine
 
     def stats(self) -> dict[str, Any]:
-        from sglang_eo_cpu_runtime.stats import read_stats
+        from sglang_eo_dev.cpu_runtime.stats import read_stats
 
         return read_stats(self.stats_file) if self.stats_file else {}
 
@@ -83,6 +111,6 @@ def engine_pool(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sglang_version() -> tuple[int, ...]:
-    from sglang_eo_cpu_runtime.plugin import sglang_version as v
+    from sglang_eo_dev.cpu_runtime.plugin import sglang_version as v
 
     return v()

@@ -5,7 +5,7 @@ product plugin on), on both supported SGLang versions.
 2. Faults, all at once from concurrent client threads: the survivors again, next to requests aborted through
    ``/abort_request``, streaming clients that disconnect mid-stream, invalid schemas, pathological schemas (deeply
    nested, huge enum, unsatisfiable pattern), unicode, a long output, and two injected faults
-   (:mod:`sglang_eo_cpu_runtime.faults`, ``SGLANG_EO_FAULTS=1``): a grammar object that raises during the plugin's
+   (:mod:`sglang_eo_dev.cpu_runtime.faults`, ``SGLANG_EO_FAULTS=1``): a grammar object that raises during the plugin's
    tree-mask build (``eo-fault-raise`` rid) and one whose mask build exceeds ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``
    (``eo-fault-slow`` rid).
 3. Afterwards: every survivor (including the slow one) is token-identical to its reference (no accepted token lost or
@@ -28,10 +28,10 @@ import jsonschema
 import pytest
 import requests
 
-from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
-from sglang_eo_cpu_runtime.faults import RAISE_MARKER, SLOW_MARKER
-from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
-from sglang_eo_cpu_runtime.stats import read_stats
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
+from sglang_eo_dev.cpu_runtime.faults import RAISE_MARKER, SLOW_MARKER
+from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
+from sglang_eo_dev.cpu_runtime.stats import read_stats
 
 from .common import output_ids, wait_idle
 

@@ -18,8 +18,8 @@ import os
 
 import pytest
 
-from sglang_eo_cpu_runtime.engine import EngineConfig
-from tests.helpers.patched_sglang import patched_sglang_copy
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig
+from sglang_eo_dev.helpers.patched_sglang import patched_sglang_copy
 
 from .common import run_cases_on_patched_server
 from .test_plugin_equivalence import CASES, _run

@@ -20,8 +20,8 @@ import os
 
 import pytest
 
-from sglang_eo_cpu_runtime.engine import EngineConfig
-from sglang_eo_cpu_runtime.models import FOLLOWER_SCHEMA
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig
+from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
 
 from .common import EBNF, GREEDY, PROMPTS, REGEX, output_ids, schema_str
 

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sgl_kernel") is None or importlib.util.find_spec("torch") is None,
-    reason="needs the CPU test runtime's sgl_kernel stand-in (tests/cpu_runtime) and torch",
+    reason="needs the CPU test runtime's sgl_kernel stand-in (dev/, sglang_eo_dev.cpu_runtime) and torch",
 )
 
 

@@ -2,7 +2,7 @@
 
 The copy is made under a temporary directory (the installed files are never touched), checked with
 ``git apply --check`` first (a stale patch fails hard), applied, and then imported in a fresh interpreter that has the
-copy first on ``sys.path`` (``tests/patches/_patched_probe_0_5_16.py`` reports what it saw).
+copy first on ``sys.path`` (``sglang_eo_dev.probes.patched_v0_5_16`` reports what it saw).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.patched_sglang import patch_files, patched_sglang_copy, run_probe
+from sglang_eo_dev.helpers.patched_sglang import patch_files, patched_sglang_copy, run_probe
 
 pytestmark = pytest.mark.sglang_0_5_16
 
@@ -27,7 +27,7 @@ def patched_copy(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def facts(patched_copy) -> dict:
     # the patched engine needs no plugin
-    return run_probe(["-m", "tests.patches._patched_probe_0_5_16", str(patched_copy)], [patched_copy],
+    return run_probe(["-m", "sglang_eo_dev.probes.patched_v0_5_16", str(patched_copy)], [patched_copy],
                      SGLANG_EAGLE_OVERLAP="0")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.patched_sglang import patch_files, patched_sglang_copy, run_probe
+from sglang_eo_dev.helpers.patched_sglang import patch_files, patched_sglang_copy, run_probe
 
 pytestmark = pytest.mark.sglang_0_5_23
 
@@ -37,7 +37,7 @@ def test_patch_does_not_apply_twice(patched_copy):
 
 def test_patched_modules_import_and_mask_path_runs(patched_copy):
     # the patched engine needs no plugin
-    facts = run_probe(["-m", "tests.patches._patched_probe", str(patched_copy)], [patched_copy],
+    facts = run_probe(["-m", "sglang_eo_dev.probes.patched_v0_5_23", str(patched_copy)], [patched_copy],
                       SGLANG_EAGLE_OVERLAP="0")
     assert facts["from_copy"], facts["sglang_file"]
     assert facts["mask_equal"] and facts["barrier_called"] and facts["grammar_mask_reset"] and facts["has_draft_device"]

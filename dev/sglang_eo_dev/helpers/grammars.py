@@ -182,7 +182,7 @@ def doc_text(grammar: str, rng: random.Random) -> str:
 
 def doc_tokens(grammar: str, rng: random.Random, vocab_size: int) -> Tuple[int, ...]:
     """Token ids of a fresh valid document, followed by EOS (the grammar terminates on it)."""
-    from tests.helpers.tokenizers import EOS_ID, encode
+    from sglang_eo_dev.helpers.tokenizers import EOS_ID, encode
 
     return encode(doc_text(grammar, rng), vocab_size) + (EOS_ID,)
 
@@ -191,7 +191,7 @@ def doc_tokens(grammar: str, rng: random.Random, vocab_size: int) -> Tuple[int, 
 def _compiler(vocab_size: int) -> Any:
     import xgrammar as xgr
 
-    from tests.helpers.tokenizers import tokenizer_info
+    from sglang_eo_dev.helpers.tokenizers import tokenizer_info
 
     return xgr.GrammarCompiler(tokenizer_info(vocab_size), max_threads=2)
 
@@ -236,7 +236,7 @@ def next_token_bitmask(m: Any, vocab_size: int) -> Any:
 def ensure_sglang_importable() -> None:
     """``import sglang`` pulls torchvision via transformers; the CPU venvs need the project's compat hook for that."""
     try:
-        from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+        from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
     except ImportError:
         return  # a venv with a matching torchvision needs nothing
     install_import_hook()

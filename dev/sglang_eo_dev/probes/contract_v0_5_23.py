@@ -1,7 +1,7 @@
 """Run in a fresh interpreter by test_v0_5_23_contract.py: loads the plugin into the real SGLang 0.5.23 and reports.
 
-``python _v0_5_23_probe.py load``    -> JSON facts after plugin.load() (twice)
-``python _v0_5_23_probe.py refuse``  -> JSON facts after plugin.load() with one hook target removed
+``python sglang_eo_dev/probes/contract_v0_5_23.py load``    -> JSON facts after plugin.load() (twice)
+``python sglang_eo_dev/probes/contract_v0_5_23.py refuse``  -> JSON facts after plugin.load() with one hook target removed
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _sig(obj) -> str:
 
 def _compat() -> None:
     try:  # CPU test venv: let the CUDA-built torchvision import against CPU torch (test-only helper)
-        from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+        from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
         install_import_hook()
     except Exception:

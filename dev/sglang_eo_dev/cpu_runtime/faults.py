@@ -1,6 +1,6 @@
 """TEST ONLY fault injection into the plugin's tree-mask build, for the engine-level fault tests.
 
-Active in the scheduler process when ``SGLANG_EO_FAULTS=1`` (read by :func:`sglang_eo_cpu_runtime.plugin.load`).
+Active in the scheduler process when ``SGLANG_EO_FAULTS=1`` (read by :func:`sglang_eo_dev.cpu_runtime.plugin.load`).
 A request opts in through a marker in its ``rid``:
 
 * ``eo-fault-raise``: its grammar object raises ``RuntimeError`` whenever the verify-tree mask is built for it (a grammar
@@ -51,7 +51,7 @@ class FaultyGrammar:
         return self.inner.is_terminated()
 
     def fill_vocab_mask(self, vocab_mask: Any, idx: int) -> None:
-        from sglang_eo_cpu_runtime import stats
+        from sglang_eo_dev.cpu_runtime import stats
 
         if self.mode == "raise":
             stats.count("faults_raised")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_eo_cpu_runtime.engine import EngineConfig
-from sglang_eo_cpu_runtime.models import FOLLOWER_SCHEMA
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig
+from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
 
 from .common import EBNF, GREEDY, PROMPTS, REGEX, accept_length, output_ids, schema_str
 

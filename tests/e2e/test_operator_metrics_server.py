@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from sglang_eagle_overlap.core.timeline import GRAMMAR_PHASES, TIMELINE_ENV, group_steps, load_events
-from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
-from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
+from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 
 pytestmark = pytest.mark.engine
 

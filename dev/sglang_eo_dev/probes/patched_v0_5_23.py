@@ -11,7 +11,7 @@ import torch
 
 
 def main(expected_root: str) -> dict:
-    from tests.helpers.grammars import CorruptMatcher, ensure_sglang_importable, sglang_grammar
+    from sglang_eo_dev.helpers.grammars import CorruptMatcher, ensure_sglang_importable, sglang_grammar
 
     ensure_sglang_importable()
     import sglang
@@ -20,8 +20,8 @@ def main(expected_root: str) -> dict:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative import spec_utils
 
-    from tests.helpers.grammars import doc_tokens
-    from tests.helpers.trees import eagle_tree, stack_trees
+    from sglang_eo_dev.helpers.grammars import doc_tokens
+    from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
 
     facts = {"sglang_file": sglang.__file__, "from_copy": sglang.__file__.startswith(expected_root)}
     vocab = 32000

@@ -12,8 +12,8 @@ import re
 import jsonschema
 import pytest
 
-from sglang_eo_cpu_runtime.engine import EngineConfig
-from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA, follower_text
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig
+from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA, follower_text
 
 from .common import EBNF, GREEDY, REGEX, accept_length, ebnf_matches, schema_str
 

@@ -59,8 +59,8 @@ def load() -> None:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_eo_cpu_runtime import stats
-    from sglang_eo_cpu_runtime.torchvision_compat import define_torchvision_schemas, install_import_hook
+    from sglang_eo_dev.cpu_runtime import stats
+    from sglang_eo_dev.cpu_runtime.torchvision_compat import define_torchvision_schemas, install_import_hook
 
     install_import_hook()
     define_torchvision_schemas()
@@ -129,7 +129,7 @@ def load() -> None:
         HookType.AFTER,
         "record the rids the scheduler is asked to abort (stats: abort_requests)",
     )
-    from sglang_eo_cpu_runtime import faults
+    from sglang_eo_dev.cpu_runtime import faults
 
     if os.environ.get(faults.ENV_FLAG) == "1":
         reg(faults.TARGET, faults.mask_request_for_around, HookType.AROUND, "fault injection (SGLANG_EO_FAULTS)")
@@ -158,7 +158,7 @@ def _keep_intel_amx(ver: tuple[int, ...]) -> None:
         raise RuntimeError(
             f"sglang {'.'.join(map(str, ver))}: cannot keep intel_amx on a CPU without AMX (neither "
             "runtime_context.get_platform()._install nor arg_groups.overrides.cpu_has_amx_support exists); update "
-            "tests/cpu_runtime/sglang_eo_cpu_runtime/plugin.py"
+            "dev/sglang_eo_dev/cpu_runtime/plugin.py"
         )
 
 
@@ -232,20 +232,20 @@ def _record_stream_skip_cpu(original, tensor, *args, **kwargs):
 def _after_scheduler_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_eo_cpu_runtime import stats
+    from sglang_eo_dev.cpu_runtime import stats
 
     missing = [f"{t} ({why})" for t, why in _EXPECTED_TARGETS.items() if t not in HookRegistry._patched]
     if missing:
         stats.record_error(
             f"sglang {'.'.join(map(str, sglang_version()))}: CPU-runtime hooks did not land: {missing}; the target "
-            "moved or was renamed - update tests/cpu_runtime/sglang_eo_cpu_runtime/plugin.py"
+            "moved or was renamed - update dev/sglang_eo_dev/cpu_runtime/plugin.py"
         )
     stats.mark_scheduler_started(scheduler)
-    from sglang_eo_cpu_runtime import timeline_probe
+    from sglang_eo_dev.cpu_runtime import timeline_probe
 
     timeline_probe.install(scheduler, sglang_version())  # no-op without SGLANG_EAGLE_OVERLAP_TIMELINE_FILE
     _count_final_overlap_decisions(scheduler)
-    from sglang_eo_cpu_runtime import step_times
+    from sglang_eo_dev.cpu_runtime import step_times
 
     step_times.install(scheduler, sglang_version())  # no-op without SGLANG_EO_STEP_TIMES_FILE (benchmarks)
     return None
@@ -259,7 +259,7 @@ def _count_final_overlap_decisions(scheduler: Any) -> None:
     scheduler is built all class-level hooks are applied, so wrapping the instance's bound method here makes the
     counter outermost. The scheduler loop calls ``self.is_disable_overlap_for_batch(...)``, so it reaches the wrapper.
     """
-    from sglang_eo_cpu_runtime import stats
+    from sglang_eo_dev.cpu_runtime import stats
 
     decide = scheduler.is_disable_overlap_for_batch
 

@@ -26,8 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from sglang_eo_cpu_runtime import models
-from sglang_eo_cpu_runtime.stats import STATS_ENV, read_stats
+from sglang_eo_dev.cpu_runtime import models
+from sglang_eo_dev.cpu_runtime.stats import STATS_ENV, read_stats
 
 __all__ = [
     "EngineConfig",
@@ -110,7 +110,7 @@ def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False
     os.environ.update(cpu_env(stats_file, product_plugin))
     if not stats_file:
         os.environ.pop(STATS_ENV, None)
-    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+    from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
     install_import_hook()
 

@@ -97,7 +97,7 @@ def _key(kind: str, **params: Any) -> str:
 
 def _cached(key: str, build) -> Path:
     """Return ``cache_root()/key``, building it with ``build(tmp_dir)`` if absent (atomic rename into place)."""
-    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+    from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
     install_import_hook()  # transformers imports torchvision, whose CUDA wheel needs the schema shim on CPU torch
     root = cache_root()
@@ -343,7 +343,7 @@ def _draft_tensors(gen, vocab_size: int, draft_vocab: int, hot: "list[int]", std
 
 
 def _special_ids(tok_dir: Path) -> tuple[int, int, int]:
-    from sglang_eo_cpu_runtime.torchvision_compat import install_import_hook
+    from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
     install_import_hook()
     from transformers import AutoTokenizer

@@ -33,7 +33,7 @@ def _processor(brp, speculative_algorithm):
 
 
 def main(expected_root: str) -> dict:
-    from tests.helpers.grammars import ensure_sglang_importable
+    from sglang_eo_dev.helpers.grammars import ensure_sglang_importable
 
     ensure_sglang_importable()
     import sglang
@@ -43,8 +43,8 @@ def main(expected_root: str) -> dict:
     from sglang.srt.speculative import grammar_overlap, spec_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from tests.helpers.grammars import CorruptMatcher, doc_tokens, sglang_grammar
-    from tests.helpers.trees import eagle_tree, stack_trees
+    from sglang_eo_dev.helpers.grammars import CorruptMatcher, doc_tokens, sglang_grammar
+    from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
 
     facts: dict = {
         "sglang_file": sglang.__file__,

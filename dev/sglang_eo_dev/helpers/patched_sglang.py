@@ -15,8 +15,8 @@ from typing import Iterable, List, Optional
 
 __all__ = ["REPO", "patch_files", "patched_sglang_copy", "run_probe"]
 
-REPO = Path(__file__).resolve().parents[2]
-_CPU_SITE = REPO / "tests" / "cpu_runtime" / "sglang_eo_cpu_runtime" / "_site"  # torchvision shim (sitecustomize)
+REPO = Path(__file__).resolve().parents[3]
+_CPU_SITE = Path(__file__).resolve().parents[1] / "cpu_runtime" / "_site"  # torchvision shim (sitecustomize)
 
 
 def patch_files(version: str) -> List[Path]:

@@ -36,7 +36,7 @@ def num_draft_tokens(topk: int, steps: int) -> int:
 
 def allowed_tokens(matcher, vocab_size: int) -> np.ndarray:
     """Token ids the matcher allows next (empty if terminated)."""
-    from tests.helpers.grammars import next_token_bitmask
+    from sglang_eo_dev.helpers.grammars import next_token_bitmask
 
     if matcher.is_terminated():
         return np.zeros(0, dtype=np.int64)

@@ -168,7 +168,7 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
     path = os.environ.get(STEP_TIMES_ENV)
     if not path:
         return
-    from sglang_eo_cpu_runtime.stats import is_grammar_spec_decode  # here: the timing classes stay import-free
+    from sglang_eo_dev.cpu_runtime.stats import is_grammar_spec_decode  # here: the timing classes stay import-free
 
     rec = _Recorder(path)
     regions = _REGIONS_0_5_16 if sglang_version < (0, 5, 17) else _REGIONS_0_5_23

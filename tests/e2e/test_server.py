@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 import requests
 
-from sglang_eo_cpu_runtime.engine import EngineConfig, launch_server
-from sglang_eo_cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
+from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 
 from .common import accept_length, running_requests, wait_idle
 
