@@ -93,7 +93,7 @@ def plugin_per_step_ms(d: Dict[str, float]) -> Optional[Dict[str, float]]:
     log line) for ``PLUGIN_KEYS``; None when the plugin ran no step."""
     if not d.get("steps"):
         return None
-    from sglang_eagle_overlap.adapters.common import StepStats
+    from sglang_eagle_overlap.core.stats import StepStats
 
     per = StepStats(**{k: d[k] for k in ("steps", "advance_s", "tree_wait_s", "mask_s")}).per_step_ms()
     return {k: per[k] for k in ("grammar_ms", "advance_ms", "tree_wait_ms", "mask_ms")}

@@ -168,7 +168,7 @@ class FillClock:
 
 
 def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill_clock=None):
-    from sglang_eagle_overlap.adapters.common import mask_request_for
+    from sglang_eagle_overlap.integration.requests import mask_request_for
     from sglang_eagle_overlap.core import AcceptLedger, TreeMaskBuilder
 
     ledger = AcceptLedger()

@@ -108,7 +108,7 @@ def main() -> int:
             print(f"grammar decode batches: {total}, ran with overlap disabled: {off} "
                   f"-> overlap {'KEPT' if total and not off else 'not kept' if off else 'n/a'}")
         if os.path.exists(plugin_stats):
-            from sglang_eagle_overlap.adapters.common import StepStats
+            from sglang_eagle_overlap.core.stats import StepStats
 
             ps = json.load(open(plugin_stats))
             m = StepStats(**{k: ps.get(k, 0) for k in ("steps", "advance_s", "tree_wait_s", "mask_s")}

@@ -14,7 +14,9 @@ from sglang_eagle_overlap import SUPPORTED_SGLANG_VERSIONS
 
 def _fresh_plugin():
     import sglang_eagle_overlap.plugin as plugin
+    from sglang_eagle_overlap.integration import runtime
 
+    runtime.reset()
     plugin = importlib.reload(plugin)
     return plugin
 
@@ -73,7 +75,7 @@ def test_hook_that_did_not_land_keeps_plugin_passive(monkeypatch):
         def verify(self):
             return ["sglang.srt.some.Target.method (not patched)"]
 
-        def activate(self):
+        def activate(self, rt):
             FakeAdapter.activated = True
 
     monkeypatch.setattr("sglang_eagle_overlap.adapters.adapter_for", lambda v: FakeAdapter())
@@ -96,11 +98,55 @@ def test_load_is_idempotent(monkeypatch):
         def verify(self):
             return []
 
-        def activate(self):
+        def activate(self, rt):
             calls.append("activate")
+            rt.active = True
 
     monkeypatch.setattr("sglang_eagle_overlap.adapters.adapter_for", lambda v: CountingAdapter())
     plugin.load()
     plugin.load()
     plugin.load()
     assert calls == ["register", "activate"] and plugin.is_active()
+
+
+@pytest.mark.parametrize("var,value", [("SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS", "fast"),
+                                       ("SGLANG_EAGLE_OVERLAP_MASK_THREADS", "0"),
+                                       ("SGLANG_EAGLE_OVERLAP", "maybe")])
+def test_bad_switch_refuses_loudly_naming_it(monkeypatch, caplog, var, value):
+    plugin = _fresh_plugin()
+    monkeypatch.setenv(var, value)
+    with pytest.raises(plugin.PluginLoadError) as err:
+        plugin.load()
+    assert var in str(err.value) and repr(value) in str(err.value)
+    assert any(r.levelname == "ERROR" and var in r.getMessage() for r in caplog.records)
+    assert not plugin.is_active()
+
+
+def test_settings_are_read_once_into_one_object():
+    from sglang_eagle_overlap.settings import Settings
+
+    s = Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS": "0", "SGLANG_EAGLE_OVERLAP_MASK_THREADS": "3",
+                           "SGLANG_EAGLE_OVERLAP_STATS_FILE": "/x/stats.json", "SGLANG_EAGLE_OVERLAP": "off"})
+    assert (s.enabled, s.mask_threads, s.mask_time_limit_s, s.stats_file) == (False, 3, None, "/x/stats.json")
+    d = Settings.from_env({})
+    assert d.enabled and d.mask_time_limit_s == pytest.approx(0.05) and d.log_interval_s == 30.0
+
+
+def test_patched_sglang_gets_no_hooks(monkeypatch, caplog):
+    plugin = _fresh_plugin()
+    monkeypatch.delenv("SGLANG_EAGLE_OVERLAP", raising=False)
+    monkeypatch.setattr(plugin, "sglang_version", lambda: SUPPORTED_SGLANG_VERSIONS[0])
+    monkeypatch.setattr(plugin, "_is_patched", lambda: True)
+    registered = []
+
+    class Adapter:
+        name = "would-hook"
+
+        def register(self, registry):
+            registered.append(registry)
+
+    monkeypatch.setattr("sglang_eagle_overlap.adapters.adapter_for", lambda v: Adapter())
+    with caplog.at_level("INFO", logger="sglang_eagle_overlap"):
+        plugin.load()
+    assert registered == [] and not plugin.is_active()
+    assert any("is patched" in r.getMessage() for r in caplog.records)

@@ -1,11 +1,14 @@
 """One thin adapter per supported SGLang band over the engine-agnostic core.
 
+Each band package has a ``band`` module (the integration itself, called by the hooks and by the vendored patch
+alike) and one module per hooked target that only translates SGLang's call into ``band``.
+
 ``adapter_for(version)`` is the single version gate. An adapter module exposes ``ADAPTER`` with:
 
 * ``name: str``
 * ``register(registry)`` -- register every hook with SGLang's ``HookRegistry`` (no SGLang import at module level);
 * ``verify() -> list[str]`` -- after ``apply_hooks()``, the descriptions of hooks that did NOT land (empty = all ok);
-* ``activate()`` -- switch the hooks from pass-through to the plugin's behaviour.
+* ``activate(runtime)`` -- switch the hooks from pass-through to the plugin's behaviour.
 """
 
 from __future__ import annotations

@@ -14,14 +14,19 @@ from sglang_eagle_overlap.core.mask import (
     TreeMask,
     TreeMaskBuilder,
     bitmask_width,
+    default_mask_threads,
     neutralize_timed_out_drafts,
 )
+from sglang_eagle_overlap.core.stats import COUNTERS, StepStats
+from sglang_eagle_overlap.core.step import GrammarStep, StepMask
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
 
 __all__ = [
+    "COUNTERS",
     "AcceptLedger",
     "AdvanceOutcome",
     "GrammarLike",
+    "GrammarStep",
     "HostGrammar",
     "HostTreeCopier",
     "LedgerConflictError",
@@ -29,8 +34,11 @@ __all__ = [
     "MaskRequest",
     "MaskStrategy",
     "PendingTree",
+    "StepMask",
+    "StepStats",
     "TreeMask",
     "TreeMaskBuilder",
     "bitmask_width",
+    "default_mask_threads",
     "neutralize_timed_out_drafts",
 ]

@@ -55,6 +55,7 @@ __all__ = [
     "TreeMaskBuilder",
     "HostGrammar",
     "bitmask_width",
+    "default_mask_threads",
     "neutralize_timed_out_drafts",
 ]
 
@@ -98,13 +99,10 @@ def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def _default_threads() -> int:
-    env = os.environ.get("SGLANG_EAGLE_OVERLAP_MASK_THREADS")
-    if env:
-        return max(1, int(env))
-    # Measured (benchmarks/results/grammar_step.md): on 2 cores the second fill thread competes with the scheduler
-    # and loses at batch >= 32; use half the cores beyond that.
-    cores = os.cpu_count() or 1
+def default_mask_threads(cores: Optional[int] = None) -> int:
+    """Fill threads when none are asked for: 1 on <= 2 cores (measured in ``benchmarks/results/grammar_step.md``: the
+    second fill thread competes with the scheduler and loses under load), else half the cores, at most 8."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
     return 1 if cores <= 2 else min(8, cores // 2)
 
 
@@ -120,7 +118,7 @@ class TreeMaskBuilder:
     ) -> None:
         if strategy not in ("auto", "lockstep", "native", "python"):
             raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
-        self.threads = threads if threads is not None else _default_threads()
+        self.threads = threads if threads is not None else default_mask_threads()
         if strategy == "auto":
             strategy = "lockstep"
         self.strategy: MaskStrategy = strategy
@@ -136,17 +134,29 @@ class TreeMaskBuilder:
         self.parallel_min_work_s = 2e-3
         self._fill_cost_s = 20e-6
         self._buf: Optional[torch.Tensor] = None
+        self.allocations = 0  # observable: host bitmask buffer (re)allocations
         self.timeouts = 0  # observable: requests that hit the time limit since creation
 
     # -- buffers -------------------------------------------------------------------------------------------------
     def _bitmask(self, rows: int, width: int) -> torch.Tensor:
         buf = self._buf
         if buf is None or buf.shape[0] < rows or buf.shape[1] != width:
-            buf = torch.empty((max(rows, 1), width), dtype=torch.int32, pin_memory=self.pin_memory)
+            # Grow to the next power of two: a batch that grows step by step allocates (pinned: a slow, serialising
+            # driver call) O(log rows) times, not once per new batch size.
+            cap = 1 << max(rows - 1, 0).bit_length()
+            buf = torch.empty((cap, width), dtype=torch.int32, pin_memory=self.pin_memory)
+            self.allocations += 1
             self._buf = buf
         out = buf[:rows]
         _fill_all_allowed(out)
         return out
+
+    def _ensure_batch_matchers(self) -> None:
+        if self._batch_matcher is None:
+            import xgrammar as xgr
+
+            self._batch_matcher = xgr.BatchGrammarMatcher(self.threads)
+            self._serial_matcher = xgr.BatchGrammarMatcher(1) if self.threads > 1 else self._batch_matcher
 
     # -- entry point ---------------------------------------------------------------------------------------------
     def build(
@@ -195,7 +205,11 @@ class TreeMaskBuilder:
         sib = retrieve_next_sibling.tolist()
         tok = draft_tokens.reshape(bs, n).tolist()
         limit = self.time_limit_s if allow_timeout else None
-        deadline = None if limit is None else t0 + limit
+        if self.strategy == "lockstep":
+            self._ensure_batch_matchers()
+        # The time limit covers the walk and its fills only: one-time set-up (the bitmask buffer's growth -- a pinned
+        # allocation on a GPU host --, the fill thread pool) must never make a request drop its drafts.
+        deadline = None if limit is None else time.perf_counter() + limit
         native = [i for i in constrained if requests[i].matcher is not None]
         generic = [i for i in constrained if requests[i].matcher is None]
         result = TreeMask(bitmask=mask)
@@ -287,11 +301,7 @@ class TreeMaskBuilder:
         return valid
 
     def _lockstep(self, requests, rows, nxt, sib, tok, n, vocab_size, mask, deadline, timed_out) -> int:
-        import xgrammar as xgr
-
-        if self._batch_matcher is None:
-            self._batch_matcher = xgr.BatchGrammarMatcher(self.threads)
-            self._serial_matcher = xgr.BatchGrammarMatcher(1) if self.threads > 1 else self._batch_matcher
+        self._ensure_batch_matchers()
         threaded, serial = self._batch_matcher, self._serial_matcher
         min_fills, min_work = self.parallel_min_fills, self.parallel_min_work_s
 

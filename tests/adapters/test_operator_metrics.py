@@ -1,22 +1,22 @@
 """Operator metrics of the plugin's grammar work: per-step grammar time, its un-hidden part, mask time-limit hits --
 in the stats snapshot, the periodic log line, the timeline, and Prometheus (SGLang's multiprocess directory).
 
-``mask_step`` is called directly with unconstrained requests (no grammar: no xgrammar work, the step still runs
-every phase), a recording tree and a recording barrier.
+``GrammarStep.copy_tree`` / ``build_mask`` are called directly with unconstrained requests (no grammar: no xgrammar
+work, the step still runs every phase), a recording tree and a recording barrier.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang_eagle_overlap import metrics as M
-from sglang_eagle_overlap.adapters import common as C
+from sglang_eagle_overlap.core import MaskRequest
 from sglang_eagle_overlap.core import timeline as T
+from sglang_eagle_overlap.core.step import GrammarStep
 
 
 class _Tree:
@@ -30,25 +30,23 @@ class _Tree:
 
 
 @pytest.fixture
-def fresh_state(monkeypatch, tmp_path):
-    state = C.PluginState()
-    monkeypatch.setattr(C, "STATE", state)
-    monkeypatch.setattr(T, "_singleton", [T.Timeline(str(tmp_path / "tl.json"))])
-    monkeypatch.setattr(C, "_last_log", [0.0])
-    return state
+def fresh_state(tmp_path):
+    return GrammarStep(probe=M.ForwardReadyProbe(), exporter=M.PrometheusExporter(),
+                       timeline=T.Timeline(str(tmp_path / "tl.json")))
 
 
-def _step(bs=3, barrier_s=0.002, wait_s=0.001):
-    reqs = [SimpleNamespace(rid=f"r{i}", grammar=None) for i in range(bs)]
-    C.mark_verify_launch(torch.device("cpu"))
+def _step(step, bs=3, barrier_s=0.002, wait_s=0.001):
+    reqs = [MaskRequest(request_id=f"r{i}") for i in range(bs)]
+    launch = torch.full((bs, 4), -1, dtype=torch.int64)
+    step.copy_tree(launch, launch, torch.zeros_like(launch))  # the launch stamp (CPU tensors: no copy)
     time.sleep(0.001)  # the "forward" (synchronous on CPU)
-    return C.mask_step(reqs=reqs, tree=_Tree(bs, wait_s=wait_s), vocab_size=64, device=torch.device("cpu"),
-                       barrier=lambda: time.sleep(barrier_s), draft_device=None)
+    return step.build_mask(reqs, _Tree(bs, wait_s=wait_s), vocab_size=64, device=torch.device("cpu"),
+                           barrier=lambda: time.sleep(barrier_s), draft_device=None)
 
 
 def test_step_stats_and_snapshot_carry_grammar_and_unhidden_time(fresh_state):
-    _step()
-    _step()
+    _step(fresh_state)
+    _step(fresh_state)
     s = fresh_state.stats
     assert s.steps == 2
     assert s.advance_s >= 2 * 0.002 and s.tree_wait_s >= 2 * 0.001
@@ -63,15 +61,15 @@ def test_step_stats_and_snapshot_carry_grammar_and_unhidden_time(fresh_state):
 
 def test_log_line_names_the_operator_numbers(fresh_state, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
-        _step()
+        _step(fresh_state)
     line = next(r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage())
     assert "not hidden by the forward" in line and "mask time-limit hits" in line
     assert f"{fresh_state.stats.per_step_ms()['unhidden_ms']:.3f} ms" in line
 
 
 def test_mask_step_stamps_the_timeline_in_order(fresh_state):
-    _step(bs=3)
-    evs = T.timeline().events()
+    _step(fresh_state, bs=3)
+    evs = fresh_state.timeline.events()
     names = [e[0] for e in evs]
     assert names == ["tree_copy", "advance", "tree_wait", "mask_build", "mask_upload", "sample"]
     starts = [e[1] for e in evs]
@@ -81,10 +79,10 @@ def test_mask_step_stamps_the_timeline_in_order(fresh_state):
     assert evs[-1][3] == 3
 
 
-def test_disabled_timeline_records_nothing_but_stats_still_count(fresh_state, monkeypatch):
-    monkeypatch.setattr(T, "_singleton", [T.Timeline(None)])
-    _step()
-    assert T.timeline().events() == [] and fresh_state.stats.steps == 1
+def test_disabled_timeline_records_nothing_but_stats_still_count():
+    step = GrammarStep(probe=M.ForwardReadyProbe(), timeline=T.Timeline(None))
+    _step(step)
+    assert step.timeline.events() == [] and step.stats.steps == 1
 
 
 class _FakeEvent:

@@ -1,7 +1,7 @@
 """Unit tests of the 0.5.23 adapter's functions against real SGLang objects (``XGrammarGrammar``, upstream's
 ``generate_token_bitmask`` / ``advance_grammar_fsm``, ``GenerationBatchResult``, ``ForwardMode``, ``GrammarMask``).
 
-The hook functions are called directly (``STATE.active`` toggled by a fixture); SGLang itself is not patched here.
+The hook functions are called directly (a fresh active runtime per test, from a fixture); SGLang itself is not patched here.
 
 Draft tree used by the hand-written cases (topk 2, 2 steps; node: token)::
 
@@ -29,13 +29,14 @@ VOCAB = 32000
 @pytest.fixture(autouse=True)
 def active_state():
     ensure_sglang_importable()
-    from sglang_eagle_overlap.adapters.common import STATE
-    from sglang_eagle_overlap.core import AcceptLedger
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.settings import Settings
 
-    STATE.active = True
-    STATE.ledger = AcceptLedger()
-    yield STATE
-    STATE.active = False
+    runtime.reset()
+    rt = runtime.create(Settings())
+    rt.active = True
+    yield rt
+    runtime.reset()
 
 
 def _req(rid: str, grammar, output_ids=(), finished=False, retracted=False, chunks=0):
@@ -69,8 +70,8 @@ def _batch(reqs, mode="DECODE"):
 def _upstream_advance(result, batch):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor as P
 
-    from sglang_eagle_overlap.adapters.common import _contains_hook
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_advance_grammar_fsm import advance_grammar_fsm_around
+    from sglang_eagle_overlap.integration.hooks import contains_hook as _contains_hook
+    from sglang_eagle_overlap.adapters.v0_5_23.advance_grammar_fsm import advance_grammar_fsm_around
 
     # The reference must be SGLang's own method, not the plugin's hook (else the comparison is plugin vs plugin).
     assert not _contains_hook(P.advance_grammar_fsm, advance_grammar_fsm_around)
@@ -80,7 +81,7 @@ def _upstream_advance(result, batch):
 
 
 def _ours_advance(result, batch):
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_advance_grammar_fsm import advance_grammar_fsm_around
+    from sglang_eagle_overlap.adapters.v0_5_23.advance_grammar_fsm import advance_grammar_fsm_around
 
     def original(*a, **k):
         raise AssertionError("SGLang's advance_grammar_fsm must not run while the plugin is active")
@@ -167,11 +168,11 @@ def test_advance_is_exactly_once_across_barrier_and_result_processor(active_stat
     _ours_advance(res, _batch([req]))
     assert req.grammar.accepted_tokens == doc[:7]
     assert res.grammar_retained_tokens == [doc[4:7]]
-    assert active_state.ledger.tokens_fed == 3
+    assert active_state.step.ledger.tokens_fed == 3
 
 
 def test_passthrough_when_inactive(active_state):
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_advance_grammar_fsm import advance_grammar_fsm_around
+    from sglang_eagle_overlap.adapters.v0_5_23.advance_grammar_fsm import advance_grammar_fsm_around
 
     active_state.active = False
     calls = []
@@ -199,8 +200,8 @@ def _tree_batch(seed, bs, topk, steps):
 def test_mask_equals_upstream_generate_token_bitmask(topk, steps):
     from sglang.srt.speculative.spec_utils import generate_token_bitmask
 
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask import build_grammar_vocab_mask_around
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_grammar_tree import PluginGrammarTree
+    from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
+    from sglang_eagle_overlap.adapters.v0_5_23.band import PluginGrammarTree
 
     for seed in range(3):
         reqs, (nxt, sib, tok), n = _tree_batch(seed, 3, topk, steps)
@@ -225,24 +226,24 @@ def test_mask_equals_upstream_generate_token_bitmask(topk, steps):
 
 
 def test_mask_timeout_neutralises_drafts(active_state):
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask import build_grammar_vocab_mask_around
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_grammar_tree import PluginGrammarTree
+    from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
+    from sglang_eagle_overlap.adapters.v0_5_23.band import PluginGrammarTree
     from sglang_eagle_overlap.core import TreeMaskBuilder
 
     reqs, (nxt, sib, tok), n = _tree_batch(7, 2, 4, 3)
-    saved = active_state._builder
-    active_state._builder = TreeMaskBuilder(strategy="native", time_limit_s=1e-12)
+    saved = active_state.step._builder
+    active_state.step._builder = TreeMaskBuilder(strategy="native", time_limit_s=1e-12)
     try:
         draft = tok.clone().reshape(-1)  # flat, like EagleVerifyInput.draft_token
-        before = active_state.stats.mask_timeouts
+        before = active_state.step.stats.mask_timeouts
         got = build_grammar_vocab_mask_around(
             None, reqs=reqs, tree=PluginGrammarTree.from_device(nxt, sib, draft.view(nxt.shape)),
             sampling_info=SimpleNamespace(vocab_size=VOCAB, grammar_mask=None), device=torch.device("cpu"),
             barrier=None)
     finally:
-        active_state._builder = saved
+        active_state.step._builder = saved
     view = draft.view(-1, n)
-    assert active_state.stats.mask_timeouts - before == 2
+    assert active_state.step.stats.mask_timeouts - before == 2
     assert torch.all(view[:, 1:] == -1) and torch.equal(view[:, 0], tok[:, 0])
     # the root rows are exact, everything else all-allowed
     for i, r in enumerate(reqs):
@@ -255,15 +256,15 @@ def test_mask_timeout_neutralises_drafts(active_state):
 def test_mask_passthrough_for_sglang_trees_and_when_inactive(active_state):
     from sglang.srt.speculative.spec_utils import GrammarTree
 
-    from sglang_eagle_overlap.adapters.v0_5_23 import hook_grammar_tree
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask import build_grammar_vocab_mask_around
+    from sglang_eagle_overlap.adapters.v0_5_23 import band, grammar_tree
+    from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
 
-    hook_grammar_tree.capture_original()
+    grammar_tree.capture_original()
     t = torch.zeros((1, 2), dtype=torch.int64)
     sentinel = object()
     theirs = GrammarTree.from_host(t, t, t)
     assert build_grammar_vocab_mask_around(lambda **k: sentinel, reqs=[], tree=theirs, sampling_info=None,
                                            device="cpu", barrier=None) is sentinel
     active_state.active = False
-    tree = hook_grammar_tree.PluginGrammarTree.from_device(t, t, t)
+    tree = band.PluginGrammarTree.from_device(t, t, t)
     assert type(tree) is GrammarTree  # SGLang's own object while inactive

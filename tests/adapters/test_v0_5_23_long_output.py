@@ -37,8 +37,8 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
     from sglang.srt.constrained.xgrammar_backend import MAX_ROLLBACK_TOKENS, XGrammarGrammar
     from sglang.srt.speculative.spec_utils import generate_token_bitmask
 
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask import build_grammar_vocab_mask_around
-    from sglang_eagle_overlap.adapters.v0_5_23.hook_grammar_tree import PluginGrammarTree
+    from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
+    from sglang_eagle_overlap.adapters.v0_5_23.band import PluginGrammarTree
     from sglang_eagle_overlap.core import TreeMaskBuilder
     from sglang_eo_dev.helpers.grammars import _compiler
     from sglang_eo_dev.helpers.tokenizers import EOS_ID, encode
@@ -84,7 +84,7 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
     pos = 1  # truth[:pos] is in the matcher once the pending result is advanced
     pending = None
     per_step = []  # accept calls per step
-    ledger = active_state.ledger
+    ledger = active_state.step.ledger
     while not grammar.is_terminated():
         a0 = calls["accept"]
         drafts = truth[pos:pos + 3]

@@ -82,7 +82,7 @@ def test_every_hook_is_pinned():
 
 @pytest.mark.parametrize("target", sorted(PINNED))
 def test_target_signature_pinned(adapter, target):
-    from sglang_eagle_overlap.adapters.common import resolve_attr
+    from sglang_eagle_overlap.integration.hooks import resolve_attr
 
     fn = resolve_attr(target)  # patched; functools.wraps keeps the upstream signature reachable
     params = list(inspect.signature(fn).parameters)
@@ -91,7 +91,8 @@ def test_target_signature_pinned(adapter, target):
 
 @pytest.mark.parametrize("target", sorted(PINNED))
 def test_callers_reach_patched_attribute(adapter, target):
-    from sglang_eagle_overlap.adapters.common import _contains_hook, importable_callers, resolve_attr, verify_hooks
+    from sglang_eagle_overlap.integration.hooks import contains_hook as _contains_hook
+    from sglang_eagle_overlap.integration.hooks import importable_callers, resolve_attr, verify_hooks
 
     hook = _hook_for(target)
     assert _contains_hook(resolve_attr(target), hook.fn)
@@ -131,7 +132,7 @@ def test_load_is_idempotent(adapter):
     import sglang_eagle_overlap.plugin as plugin
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_eagle_overlap.adapters.common import resolve_attr
+    from sglang_eagle_overlap.integration.hooks import resolve_attr
     from sglang_eagle_overlap.adapters.v0_5_16 import HOOKS
 
     plugin.load()
@@ -163,6 +164,13 @@ class _Recorder:
 def _req(rid, grammar, output_ids=()):
     return types.SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output_ids), to_finish=None,
                                  finished=lambda: False, is_retracted=False)
+
+
+def _step():
+    """The plugin runtime's core step (ledger, stats) of this process."""
+    from sglang_eagle_overlap.integration import runtime
+
+    return runtime.current().step
 
 
 def _processor(algo="EAGLE3"):
@@ -199,12 +207,12 @@ def test_is_disable_overlap_drops_only_grammar_sync(adapter):
 
 def test_accept_grammar_tokens_advances_exactly_once(adapter):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
-    from sglang_eagle_overlap.adapters.common import STATE
+    step = _step()
 
     g = _Recorder(terminate_on=12)
     req = _req("c-once", g, output_ids=[1, 2])
     # The barrier (next verify) advanced first ...
-    STATE.ledger.advance("c-once", g, 2, [11, 12, 13])
+    step.ledger.advance("c-once", g, 2, [11, 12, 13])
     # ... post-processing replays: nothing fed twice, tokens after termination cut.
     out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), req, [11, 12, 13])
     assert out == [11, 12] and g.fed == [11, 12]
@@ -226,19 +234,19 @@ def test_accept_grammar_tokens_rejection_aborts_with_message(adapter):
 
 def test_accept_grammar_tokens_passes_through_when_not_eagle(adapter):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
-    from sglang_eagle_overlap.adapters.common import STATE
+    step = _step()
 
     g = _Recorder()
     out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(algo=None), _req("c-plain", g), [3])
-    assert out == [3] and g.fed == [3] and "c-plain" not in STATE.ledger
+    assert out == [3] and g.fed == [3] and "c-plain" not in step.ledger
 
 
 def test_apply_prefill_grammar_replays_barrier(adapter):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
-    from sglang_eagle_overlap.adapters.common import STATE
+    step = _step()
 
     g = _Recorder()
-    STATE.ledger.advance("c-pre", g, 0, [42])  # barrier at the extend -> decode boundary
+    step.ledger.advance("c-pre", g, 0, [42])  # barrier at the extend -> decode boundary
     req = _req("c-pre", g, output_ids=[42])  # post-processing appends before accepting
     SchedulerBatchResultProcessor._apply_prefill_grammar(_processor(), req=req, next_token_id=42)
     assert g.fed == [42] and g.finished is False and req.to_finish is None
@@ -246,10 +254,11 @@ def test_apply_prefill_grammar_replays_barrier(adapter):
 
 def test_run_eagle_verify_and_sample_pass_through_without_grammar(adapter):
     from sglang.srt.speculative import eagle_worker_common
-    from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+    from sglang_eagle_overlap.adapters.v0_5_16 import band
+    from sglang_eagle_overlap.integration import runtime
 
     batch = types.SimpleNamespace(has_grammar=False)
-    assert _runtime.begin_step(batch) is None
+    assert band.begin_verify(runtime.active(), batch, None) is None
     # eagle_sample's hook with no step context calls straight through (idle batch path of the real function).
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -264,7 +273,8 @@ def test_missing_target_refuses_and_stays_passive(tmp_path):
         import importlib
         import sglang.srt.managers.scheduler
         from sglang_eagle_overlap.adapters import v0_5_16
-        from sglang_eagle_overlap.adapters.common import Hook, STATE
+        from sglang_eagle_overlap.integration.hooks import Hook
+        from sglang_eagle_overlap.integration import runtime
         bogus = Hook(target="sglang.srt.managers.scheduler.Scheduler.no_such_method_eo", hook_type="AROUND",
                      fn=lambda original, *a, **k: original(*a, **k))
         v0_5_16.ADAPTER.hooks = v0_5_16.HOOKS + (bogus,)
@@ -273,7 +283,7 @@ def test_missing_target_refuses_and_stays_passive(tmp_path):
             plugin.load()
         except plugin.PluginLoadError as exc:
             print("REFUSED", "no_such_method_eo" in str(exc), "0.5.16" in str(exc))
-        print("ACTIVE", plugin.is_active(), STATE.active)
+        print("ACTIVE", plugin.is_active(), runtime.active() is not None)
         from sglang.srt.managers.scheduler import Scheduler
         import types
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -294,8 +304,9 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     """result_queue holds a decode result (A, B finished, C retracted) and a prefill result (D, E still chunked)."""
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang_eagle_overlap.adapters.common import STATE
-    from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+    step = _step()
+    from sglang_eagle_overlap.adapters.v0_5_16 import band
+    from sglang_eagle_overlap.integration import runtime
 
     ga, gb, gc, gd, ge = (_Recorder() for _ in range(5))
     a = _req("b-A", ga, output_ids=[1])
@@ -320,8 +331,8 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
         result_queue = [decode, prefill]
 
     sched = _Sched()
-    _runtime.remember_scheduler(sched)
-    fed = _runtime.advance_pending_results()
+    rt = runtime.active()
+    fed = band.advance_queued_results(rt, sched.result_queue)
     assert fed == 3 and ga.fed == [10, 11] and gb.fed == [] and gc.fed == [] and gd.fed == [40] and ge.fed == []
     # Post-processing of the same results replays, feeding nothing.
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
@@ -333,6 +344,6 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     # A second barrier over the same queue (e.g. two verifies before processing) feeds nothing either.
     a.output_ids = [1]
     d.output_ids = []
-    assert _runtime.advance_pending_results() == 0 and ga.fed == [10, 11] and gd.fed == [40]
+    assert band.advance_queued_results(rt, sched.result_queue) == 0 and ga.fed == [10, 11] and gd.fed == [40]
     for key in ("b-A", "b-D"):
-        STATE.ledger.forget(key)
+        step.ledger.forget(key)

@@ -28,7 +28,7 @@ from typing import List, Optional
 import pytest
 import torch
 
-from sglang_eagle_overlap.adapters.common import mask_request_for
+from sglang_eagle_overlap.integration.requests import mask_request_for
 from sglang_eagle_overlap.core import TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.tokenizers import EOS_ID

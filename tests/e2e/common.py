@@ -83,9 +83,10 @@ def wait_idle(server: Any, timeout: float) -> None:
 def run_cases_on_patched_server(root: Any, tmp_path: Any, cases: dict, mark_env: dict[str, str],
                                 spec: str = "topk4") -> tuple[dict, dict, str]:
     """Serve ``cases`` from ``python -m sglang.launch_server`` with the patched SGLang copy at ``root`` first on
-    ``PYTHONPATH`` (product plugin off; random pair, greedy EAGLE3 ``spec``). ``mark_env`` is set for the server's
-    processes (the copy's test-only marker). Returns ``(outputs per case, runtime stats, server log tail)``; the
-    environment is restored and the server stopped whatever happens.
+    ``PYTHONPATH`` (the product package installed and switched on: its plugin must stand aside, the patch's call sites
+    run the integration; random pair, greedy EAGLE3 ``spec``). ``mark_env`` is set for the server's processes.
+    Returns ``(outputs per case, runtime stats, server log tail)``; the environment is restored and the server
+    stopped whatever happens.
 
     A separate server process, not an in-process Engine: its spawned scheduler inherits the copy on ``sys.path`` (an
     in-process Engine would hand this process's already imported, unpatched ``sys.path`` to the scheduler).
@@ -100,7 +101,7 @@ def run_cases_on_patched_server(root: Any, tmp_path: Any, cases: dict, mark_env:
     os.environ.update(mark_env)
     server = None
     try:
-        server = launch_server(EngineConfig(pair="random", spec=spec, product_plugin=False),
+        server = launch_server(EngineConfig(pair="random", spec=spec, product_plugin=True),
                                str(tmp_path / "server.log"), stats_file=str(tmp_path / "runtime-stats.json"))
         got = {}
         for case, (prompts, params) in cases.items():

@@ -36,10 +36,11 @@ def test_patch_does_not_apply_twice(patched_copy):
 
 
 def test_patched_modules_import_and_mask_path_runs(patched_copy):
-    # the patched engine needs no plugin
+    # the probe imports the copy directly: no plugin hooks in that interpreter
     facts = run_probe(["-m", "sglang_eo_dev.probes.patched_v0_5_23", str(patched_copy)], [patched_copy],
-                      SGLANG_EAGLE_OVERLAP="0")
+                      SGLANG_EAGLE_OVERLAP=None)
     assert facts["from_copy"], facts["sglang_file"]
+    assert facts["calls_the_package"], facts  # the copy runs the package's band, not a vendored copy of it
     assert facts["mask_equal"] and facts["barrier_called"] and facts["grammar_mask_reset"] and facts["has_draft_device"]
     assert facts["fed_once"] and facts["ledger_used"]
     # ... over a non-empty run (an empty retained run would make both checks hold trivially)

@@ -8,7 +8,7 @@ A request opts in through a marker in its ``rid``:
 * ``eo-fault-slow``: its grammar object sleeps :data:`SLOW_FILL_S` per mask row it fills, so the build exceeds the
   plugin's time limit (``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``) while every row it does fill stays exact.
 
-How: an AROUND hook on the product plugin's ``adapters.common.mask_request_for`` (the Req -> mask input mapping, the
+How: an AROUND hook on the product plugin's ``integration.requests.mask_request_for`` (the Req -> mask input mapping, the
 only place the plugin picks a request's grammar for the mask build) hands the builder a :class:`FaultyGrammar` that
 wraps the request's real SGLang grammar object, so the plugin walks it through the generic grammar-object API. The
 request's own grammar (used by SGLang to advance over committed tokens) is untouched. Every injected call is counted
@@ -27,7 +27,7 @@ ENV_FLAG = "SGLANG_EO_FAULTS"
 RAISE_MARKER = "eo-fault-raise"
 SLOW_MARKER = "eo-fault-slow"
 SLOW_FILL_S = 0.025
-TARGET = "sglang_eagle_overlap.adapters.common.mask_request_for"
+TARGET = "sglang_eagle_overlap.integration.requests.mask_request_for"
 
 
 class InjectedGrammarFault(RuntimeError):

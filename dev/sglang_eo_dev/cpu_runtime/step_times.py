@@ -17,7 +17,7 @@ after ``Scheduler.__init__``, when every class-level hook of every plugin is in 
     ``SchedulerBatchResultProcessor._accept_grammar_tokens`` (post-processing advance);
   - 0.5.23: ``eagle_worker_common.build_grammar_vocab_mask`` (barrier + tree wait + mask),
     ``SchedulerBatchResultProcessor.advance_grammar_fsm`` (post-processing advance, idempotent);
-  - product plugin (when importable): the ``mask_step`` its adapters call (advance barrier + tree wait + mask).
+  - product plugin (when importable): ``GrammarStep.build_mask`` (advance barrier + tree wait + mask).
 
   0.5.16's blocking ``.cpu()`` of the verify tree is inline in ``run_eagle_verify`` and cannot be wrapped; on CPU it
   returns the tensor itself (no copy, no sync), so it costs nothing here anyway.
@@ -116,13 +116,13 @@ _REGIONS_0_5_16 = (
     ("sglang.srt.speculative.eagle_worker_common", "generate_token_bitmask", None),
     ("sglang.srt.managers.scheduler_components.batch_result_processor", "SchedulerBatchResultProcessor",
      "_accept_grammar_tokens"),
-    ("sglang_eagle_overlap.adapters.v0_5_16._runtime", "mask_step", None),
+    ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
 )
 _REGIONS_0_5_23 = (
     ("sglang.srt.speculative.eagle_worker_common", "build_grammar_vocab_mask", None),
     ("sglang.srt.managers.scheduler_components.batch_result_processor", "SchedulerBatchResultProcessor",
      "advance_grammar_fsm"),
-    ("sglang_eagle_overlap.adapters.v0_5_23.hook_build_grammar_vocab_mask", "mask_step", None),
+    ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
 )
 _OPTIONAL_MODULE_PREFIX = "sglang_eagle_overlap."  # the product plugin may be absent
 

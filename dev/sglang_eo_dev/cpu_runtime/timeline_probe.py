@@ -39,10 +39,10 @@ _installed = [False]
 
 def _product_active() -> bool:
     try:
-        from sglang_eagle_overlap.adapters.common import STATE
+        from sglang_eagle_overlap.integration import runtime
     except ImportError:
         return False
-    return bool(STATE.active)
+    return runtime.active() is not None
 
 
 def _batch_has_grammar(forward_batch: Any) -> bool:

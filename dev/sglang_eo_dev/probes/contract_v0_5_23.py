@@ -65,13 +65,14 @@ def load_facts() -> dict:
     import importlib
 
     from sglang_eagle_overlap import plugin
-    from sglang_eagle_overlap.adapters.common import STATE, _contains_hook
-    from sglang_eagle_overlap.adapters.common import importable_callers
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.integration.hooks import contains_hook as _contains_hook
+    from sglang_eagle_overlap.integration.hooks import importable_callers
     from sglang_eagle_overlap.adapters.v0_5_23 import ADAPTER, HOOKS
 
     facts = {"pinned": pinned_facts()}
     plugin.load()
-    facts["active"] = plugin.is_active() and STATE.active
+    facts["active"] = plugin.is_active() and runtime.active() is not None
     facts["missing"] = ADAPTER.verify()
     callers = {}
     checked = importable_callers(HOOKS)
@@ -97,7 +98,7 @@ def load_facts() -> dict:
 
 
 def _resolve(path):
-    from sglang_eagle_overlap.adapters.common import resolve_attr
+    from sglang_eagle_overlap.integration.hooks import resolve_attr
 
     return resolve_attr(path)
 
@@ -110,7 +111,7 @@ def refuse_facts() -> dict:
     orig_tree = spec_utils.GrammarTree
     del spec_utils.build_grammar_vocab_mask  # simulate a renamed target
     from sglang_eagle_overlap import plugin
-    from sglang_eagle_overlap.adapters.common import STATE
+    from sglang_eagle_overlap.integration import runtime
 
     facts = {}
     try:
@@ -118,7 +119,7 @@ def refuse_facts() -> dict:
         facts["raised"] = None
     except plugin.PluginLoadError as exc:
         facts["raised"] = str(exc)
-    facts["active"] = plugin.is_active() or STATE.active
+    facts["active"] = plugin.is_active() or runtime.active() is not None
     # The hooks that did land must pass through: SGLang's own tree class comes back.
     t = torch.zeros((1, 2), dtype=torch.int64)
     tree = spec_utils.GrammarTree.from_device(t, t, t)

@@ -1,8 +1,9 @@
 """Run with the patched SGLang 0.5.16 copy first on ``sys.path`` (see test_sglang_0_5_16_patch.py).
 
 Prints one ``PROBE-JSON {...}`` line of facts; the test asserts on them. Everything runs the copy's real functions
-(``Scheduler.is_disable_overlap_for_batch``, ``grammar_overlap``, ``SchedulerBatchResultProcessor``) on real
-``XGrammarGrammar`` objects; only the scheduler / batch / request containers are plain namespaces.
+(``Scheduler.is_disable_overlap_for_batch``, ``SchedulerBatchResultProcessor``) and the band functions its
+``run_eagle_verify`` call sites call (through the copy's ``grammar_overlap`` link module), on real ``XGrammarGrammar``
+objects; only the scheduler / batch / request containers are plain namespaces.
 """
 
 from __future__ import annotations
@@ -46,16 +47,21 @@ def main(expected_root: str) -> dict:
     from sglang_eo_dev.helpers.grammars import CorruptMatcher, doc_tokens, sglang_grammar
     from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
 
+    import sglang_eagle_overlap.adapters.v0_5_16.band as package_band
+
     facts: dict = {
         "sglang_file": sglang.__file__,
         "from_copy": sglang.__file__.startswith(expected_root)
         and grammar_overlap.__file__.startswith(expected_root),
+        "calls_the_package": grammar_overlap.band is package_band,
     }
+    rt = grammar_overlap.runtime()
+    band = grammar_overlap.band
+    counters = rt.step.stats.counters
     rng = random.Random(0)
 
     # -- 1. the overlap decision ------------------------------------------------------------------------------
     queue = deque([("previous batch", "previous result")])
-    grammar_overlap.watch_result_queue(queue)
 
     def decide(algo, grammar, result_queue=queue):
         batch = SimpleNamespace(spec_algorithm=algo, has_grammar=True, forward_mode=ForwardMode.DECODE,
@@ -68,7 +74,8 @@ def main(expected_root: str) -> dict:
     facts["sync_eagle_xgrammar"] = decide(SpeculativeAlgorithm.EAGLE, xg)
     facts["sync_ngram_xgrammar"] = decide(SpeculativeAlgorithm.NGRAM, xg)
     facts["sync_eagle3_other_backend"] = decide(SpeculativeAlgorithm.EAGLE3, SimpleNamespace(name="llguidance"))
-    facts["sync_eagle3_unwatched_queue"] = decide(SpeculativeAlgorithm.EAGLE3, xg, deque([("b", "r")]))
+    decide(SpeculativeAlgorithm.EAGLE3, xg)  # the last decision records the loop's queue for the barrier
+    facts["queue_recorded"] = rt.result_queue is queue
 
     # -- 2. barrier + native mask vs upstream's generate_token_bitmask ----------------------------------------
     n, stride = 8, 8
@@ -94,24 +101,26 @@ def main(expected_root: str) -> dict:
     queue.append((prev_batch, prev_result))
     want = spec_utils.generate_token_bitmask(refs, SimpleNamespace(grammar=None), nxt, sib, tok, VOCAB)
 
-    batch = SimpleNamespace(reqs=reqs, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+    batch = SimpleNamespace(reqs=reqs, spec_algorithm=SpeculativeAlgorithm.EAGLE3, has_grammar=True,
                             forward_mode=ForwardMode.TARGET_VERIFY,
                             sampling_info=SimpleNamespace(vocab_size=VOCAB, vocab_mask="extend-stage leftover"))
     verify_input = SimpleNamespace(retrieve_next_token=nxt, retrieve_next_sibling=sib, draft_token=tok.flatten(),
                                    grammar=None)
-    pending = grammar_overlap.begin_verify(batch, verify_input)
-    facts["begin_verify_started"] = pending is not None
-    got = grammar_overlap.build_vocab_mask(pending, verify_input, batch)
+    fed_before = rt.step.ledger.tokens_fed
+    verify = band.begin_verify(rt, batch, verify_input)
+    facts["begin_verify_started"] = verify is not None
+    got = band.build_vocab_mask(rt, verify, verify_input, batch)
     facts["mask_equal"] = got is not None and bool(torch.equal(got, want))
     facts["barrier_fed_runs"] = all(
         r.grammar.accepted_tokens == ref.grammar.accepted_tokens for r, ref in zip(reqs, refs)
     )
-    facts["barrier_tokens"] = grammar_overlap.COUNTERS["barrier_tokens"]
+    facts["barrier_tokens"] = rt.step.ledger.tokens_fed - fed_before
     facts["run_tokens"] = sum(len(r) for r in runs)
     facts["vocab_mask_cleared"] = batch.sampling_info.vocab_mask is None
     facts["verify_grammar_set"] = verify_input.grammar is reqs[0].grammar
-    facts["ngram_declined"] = grammar_overlap.begin_verify(
-        SimpleNamespace(reqs=reqs, spec_algorithm=SpeculativeAlgorithm.NGRAM, forward_mode=ForwardMode.TARGET_VERIFY),
+    facts["ngram_declined"] = band.begin_verify(
+        rt, SimpleNamespace(reqs=reqs, spec_algorithm=SpeculativeAlgorithm.NGRAM, has_grammar=True,
+                            forward_mode=ForwardMode.TARGET_VERIFY),
         verify_input,
     ) is None
 
@@ -120,12 +129,13 @@ def main(expected_root: str) -> dict:
     fresh = [_req(r.rid, sglang_grammar(("nested", "regex", "ebnf")[i], VOCAB, list(r.grammar.accepted_tokens)),
                   r.output_ids) for i, r in enumerate(refs)]
     fresh[1].grammar.matcher = CorruptMatcher()
-    fb = SimpleNamespace(reqs=fresh, spec_algorithm=SpeculativeAlgorithm.EAGLE3, forward_mode=ForwardMode.TARGET_VERIFY,
+    fb = SimpleNamespace(reqs=fresh, spec_algorithm=SpeculativeAlgorithm.EAGLE3, has_grammar=True,
+                         forward_mode=ForwardMode.TARGET_VERIFY,
                          sampling_info=SimpleNamespace(vocab_size=VOCAB, vocab_mask=None))
     fv = SimpleNamespace(retrieve_next_token=nxt, retrieve_next_sibling=sib, draft_token=tok.flatten().clone(),
                          grammar=None)
     queue.clear()
-    grammar_overlap.build_vocab_mask(grammar_overlap.begin_verify(fb, fv), fv, fb)
+    band.build_vocab_mask(rt, band.begin_verify(rt, fb, fv), fv, fb)
     drafts = fv.draft_token.view(len(fresh), n)
     facts["mask_failure_aborts_alone"] = (
         fresh[1].to_finish is not None and "mask build failed" in getattr(fresh[1].to_finish, "message", "")
@@ -134,7 +144,7 @@ def main(expected_root: str) -> dict:
     facts["mask_failure_drafts_neutralised"] = (
         bool((drafts[1, 1:] == -1).all()) and torch.equal(drafts[0], tok[0]) and torch.equal(drafts[2], tok[2])
     )
-    facts["mask_failures"] = grammar_overlap.COUNTERS["mask_failures"]
+    facts["mask_failures"] = counters["mask_failures"]
 
     # -- 3. post-processing replays (advance exactly once), upstream's retained prefix --------------------------
     eagle_proc = _processor(brp, "EAGLE3")
@@ -143,7 +153,7 @@ def main(expected_root: str) -> dict:
     retained = [eagle_proc._accept_grammar_tokens(r, run) for r, run in zip(reqs, runs)]
     facts["replay_retained_runs"] = retained == runs
     facts["fed_once"] = [list(r.grammar.accepted_tokens) for r in reqs] == before
-    facts["replays"] = grammar_overlap.COUNTERS["replays"]
+    facts["replays"] = counters["replays"]
 
     # Termination and rejection: the ledger path keeps exactly what upstream's loop keeps.
     doc = list(doc_tokens("nested", random.Random(7), VOCAB))
@@ -162,7 +172,7 @@ def main(expected_root: str) -> dict:
                                           and mine.grammar.is_terminated() == theirs.grammar.is_terminated())
         facts[f"{name}_abort_equal"] = (mine.to_finish is None) == (theirs.to_finish is None)
         facts[f"{name}_retained"] = got_r
-    facts["rejected_aborts"] = grammar_overlap.COUNTERS["aborts"] == 2  # the mask failure above, then this one
+    facts["rejected_aborts"] = counters["aborts"] == 1  # the rejected run (a mask failure counts as mask_failures)
 
     # -- 4. prefill: barrier feeds the extend token, _apply_prefill_grammar replays it ----------------------------
     doc = list(doc_tokens("regex", random.Random(3), VOCAB))
@@ -173,7 +183,7 @@ def main(expected_root: str) -> dict:
                                  speculative_num_draft_tokens=None, copy_done=None)
     queue.clear()
     queue.append((ext_batch, ext_result))
-    fed = grammar_overlap.advance_pending_results([req])
+    fed = band.advance_queued_results(rt, queue, [req])
     req.output_ids.append(doc[0])  # post-processing appends, then applies the grammar
     eagle_proc._apply_prefill_grammar(req=req, next_token_id=doc[0])
     facts["prefill_fed_once"] = fed == 1 and req.grammar.accepted_tokens == [doc[0]] and req.to_finish is None

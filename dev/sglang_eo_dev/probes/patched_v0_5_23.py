@@ -18,12 +18,16 @@ def main(expected_root: str) -> dict:
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative import spec_utils
+    from sglang.srt.speculative import grammar_overlap, spec_utils
 
+    import sglang_eagle_overlap.adapters.v0_5_23.band as package_band
     from sglang_eo_dev.helpers.grammars import doc_tokens
     from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
 
-    facts = {"sglang_file": sglang.__file__, "from_copy": sglang.__file__.startswith(expected_root)}
+    facts = {"sglang_file": sglang.__file__, "from_copy": sglang.__file__.startswith(expected_root),
+             "calls_the_package": grammar_overlap.band is package_band
+             and spec_utils.GrammarTree is package_band.PluginGrammarTree}
+    rt = grammar_overlap.runtime()
     vocab = 32000
     rng = random.Random(0)
     reqs, trees = [], []
@@ -60,7 +64,7 @@ def main(expected_root: str) -> dict:
     facts["retained"] = res.grammar_retained_tokens
     facts["run"] = run
     facts["fed_once"] = req.grammar.accepted_tokens == before + res.grammar_retained_tokens[0]
-    facts["ledger_used"] = brp._grammar_ledger().tokens_fed == len(res.grammar_retained_tokens[0])
+    facts["ledger_used"] = rt.step.ledger.tokens_fed == len(res.grammar_retained_tokens[0])
 
     # A grammar that raises during the build (its matcher is corrupt: it breaks the batched walk, then the
     # per-request walk): that request alone is aborted with a clear error and its drafts are made unmatchable.

@@ -9,14 +9,16 @@
 | ``accept_grammar_tokens`` | ``SchedulerBatchResultProcessor._accept_grammar_tokens`` | AROUND |
 | ``apply_prefill_grammar`` | ``SchedulerBatchResultProcessor._apply_prefill_grammar`` | AROUND |
 
-Every hook passes through until :meth:`Adapter.activate` (called by ``plugin.load`` only after all hooks landed).
+The integration itself is :mod:`.band`, which the vendored patch calls too; the hook modules only translate
+SGLang's calls into it. Every hook passes through until the runtime is activated (``plugin.load``, only after all
+hooks landed).
 """
 
 from __future__ import annotations
 
 from typing import Tuple
 
-from sglang_eagle_overlap.adapters.common import BandAdapter, Hook
+from sglang_eagle_overlap.integration.hooks import BandAdapter, Hook
 from sglang_eagle_overlap.adapters.v0_5_16 import (
     accept_grammar_tokens,
     apply_prefill_grammar,

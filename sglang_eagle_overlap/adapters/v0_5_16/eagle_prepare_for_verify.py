@@ -4,10 +4,10 @@ Why: ``run_eagle_verify`` tests ``batch.has_grammar`` right after this call to d
 tree. ``has_grammar`` must still be True *inside* this call, because ``ForwardBatch.init_new`` uses it to fill
 ``sampling_info.grammars``.
 
-How: run the original untouched; afterwards, if the plugin owns this step (context stashed by the
-``run_eagle_verify`` hook for this very batch), set ``batch.has_grammar = False``. It is restored in the
-``eagle_sample`` hook and, in any case, in ``run_eagle_verify``'s ``finally``. Only other reader of ``has_grammar``
-on the path between the two points: upstream's mask block, which is exactly what we skip.
+How: run the original untouched; afterwards, if the plugin owns this step (``run_eagle_verify``'s hook put it in
+flight for this very batch), hide ``batch.has_grammar``. It is restored in the ``eagle_sample`` hook and, in any
+case, in ``run_eagle_verify``'s ``finally``. The only other reader of ``has_grammar`` between the two points is
+SGLang's own mask block, which is exactly what is skipped.
 
 Upstream state: not needed on 0.5.17+ (upstream's own async path).
 
@@ -16,16 +16,18 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook
-from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import in_flight_for
+from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration.hooks import Hook
 
 TARGET = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify"
 
 
 def eagle_prepare_for_verify(original, verify_input, req_to_token_pool, batch, *args, **kwargs):
     result = original(verify_input, req_to_token_pool, batch, *args, **kwargs)
-    if STATE.active:
-        _runtime.after_prepare(batch)
+    cur = in_flight_for(runtime.active(), batch)
+    if cur is not None:
+        cur.hide()
     return result
 
 

@@ -3,10 +3,11 @@
 Why: 0.5.16 copies the verify tree to the host with a blocking ``.cpu()`` before the target-verify launch and builds
 the grammar mask with a Python DFS after it, both guarded by ``batch.has_grammar``.
 
-How: on entry (before the launch) start the asynchronous host copy of the tree (``STATE.copier``) and stash a
-per-step context; ``eagle_prepare_for_verify``'s hook then hides ``has_grammar`` so upstream skips its blocking copy
-and its own mask, and ``eagle_sample``'s hook builds our mask. The ``finally`` restores ``has_grammar`` whatever
-happens. Steps with a non-xgrammar backend, idle batches and non-EAGLE-family algorithms pass straight through.
+How: on entry (before the launch) :func:`~.band.begin_verify` starts the asynchronous host copy; the step is kept on
+the runtime (``rt.in_flight``) for the two inner hooks of this same call: ``eagle_prepare_for_verify`` hides
+``has_grammar`` so SGLang skips its blocking copy and its own mask, and ``eagle_sample`` builds the plugin's mask
+(:func:`~.band.build_vocab_mask`). The ``finally`` restores ``has_grammar`` and clears the hand-off whatever happens.
+Steps with a non-xgrammar backend, idle batches and non-EAGLE-family algorithms pass straight through.
 
 Upstream state: 0.5.17 has ``GrammarTree.from_device`` (async D2H before launch).
 
@@ -15,20 +16,52 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook
-from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sglang_eagle_overlap.adapters.v0_5_16 import band
+from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration.hooks import Hook
 
 TARGET = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
 
 
+@dataclass(slots=True)
+class InFlight:
+    """The verify step of the ``run_eagle_verify`` call in progress; ``hidden``: ``batch.has_grammar`` is False."""
+
+    verify: band.VerifyStep
+    hidden: bool = False
+
+    def hide(self) -> None:
+        if not self.hidden:
+            self.hidden = True
+            self.verify.batch.has_grammar = False
+
+    def restore(self) -> None:
+        if self.hidden:
+            self.verify.batch.has_grammar = True
+            self.hidden = False
+
+
+def in_flight_for(rt: Any, batch: Any) -> Optional[InFlight]:
+    """The in-flight step of ``batch``, if the plugin owns this verify."""
+    cur = None if rt is None else rt.in_flight
+    return cur if cur is not None and cur.verify.batch is batch else None
+
+
 def run_eagle_verify(original, batch, *args, **kwargs):
-    if not STATE.active:
+    rt = runtime.active()
+    verify = None if rt is None else band.begin_verify(rt, batch, batch.spec_info)
+    if verify is None:
         return original(batch, *args, **kwargs)
-    ctx = _runtime.begin_step(batch)
+    cur = rt.in_flight = InFlight(verify)
     try:
         return original(batch, *args, **kwargs)
     finally:
-        _runtime.end_step(ctx)
+        cur.restore()
+        if rt.in_flight is cur:
+            rt.in_flight = None
 
 
 HOOK = Hook(

@@ -4,10 +4,9 @@ Why: in 0.5.16 this returns True for every speculative decode batch with a gramm
 overlap loop processes the previous result before launching the next batch: the GPU idles while the CPU advances
 grammars and builds the next mask.
 
-How: for EAGLE / EAGLE3 / STANDALONE grammar decode batches, ask the original again with ``batch.has_grammar``
-hidden, which drops only the grammar-sync reason and keeps every other one (consecutive prefill). It is safe because
-the plugin's verify path advances the previous batch's grammars itself (via the ledger) before it needs the mask.
-This hook also records the scheduler, which the worker-side hooks need to reach ``result_queue``.
+How: when :func:`~.band.keeps_overlap` says the batch's verify will advance the previous batch's grammars itself,
+ask the original again with ``batch.has_grammar`` hidden, which drops only the grammar-sync reason and keeps every
+other one (consecutive prefill). ``keeps_overlap`` also records the scheduler's ``result_queue`` on the runtime.
 
 Upstream state: 0.5.17 has ``ScheduleBatch.grammar_needs_sync()`` / ``supports_grammar_overlap()`` (SG#31488).
 
@@ -16,32 +15,22 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
-from sglang_eagle_overlap.adapters.common import STATE, Hook
-from sglang_eagle_overlap.adapters.v0_5_16 import _runtime
+from sglang_eagle_overlap.adapters.v0_5_16 import band
+from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration.hooks import Hook
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch"
 
 
 def is_disable_overlap_for_batch(original, self, batch, *args, **kwargs):
-    if not STATE.active:
-        return original(self, batch, *args, **kwargs)
-    _runtime.remember_scheduler(self)
-    if not (
-        batch is not None
-        and getattr(batch, "has_grammar", False)
-        and _runtime.is_eagle_family(batch)
-        and batch.forward_mode.is_decode()
-        and _runtime.plugin_can_mask(batch)
-    ):
+    rt = runtime.active()
+    if rt is None or not band.keeps_overlap(rt, batch, getattr(self, "result_queue", None)):
         return original(self, batch, *args, **kwargs)
     batch.has_grammar = False
     try:
-        result = original(self, batch, *args, **kwargs)
+        return original(self, batch, *args, **kwargs)
     finally:
         batch.has_grammar = True
-    if len(getattr(self, "result_queue", ()) or ()) > 0:
-        STATE.stats.count("overlap_kept")
-    return result
 
 
 HOOK = Hook(

@@ -2,9 +2,12 @@
 
 | module | target | type |
 |---|---|---|
-| ``hook_grammar_tree`` | ``spec_utils.GrammarTree`` | REPLACE (class) |
-| ``hook_build_grammar_vocab_mask`` | ``spec_utils.build_grammar_vocab_mask`` | AROUND |
-| ``hook_advance_grammar_fsm`` | ``SchedulerBatchResultProcessor.advance_grammar_fsm`` | AROUND |
+| ``grammar_tree`` | ``spec_utils.GrammarTree`` | REPLACE (class) |
+| ``build_grammar_vocab_mask`` | ``spec_utils.build_grammar_vocab_mask`` | AROUND |
+| ``advance_grammar_fsm`` | ``SchedulerBatchResultProcessor.advance_grammar_fsm`` | AROUND |
+
+The integration itself is :mod:`.band`, which the vendored patch calls too; the hook modules only translate
+SGLang's calls into it.
 
 0.5.23 already keeps EAGLE grammar decode batches overlapped (``SpeculativeAlgorithm.supports_grammar_overlap()``,
 ``ScheduleBatch.grammar_needs_sync()``) and already calls the barrier inside verify, so no scheduler hook is needed;
@@ -17,27 +20,23 @@ read ``speculative_num_draft_tokens``; this adapter falls back to it), and befor
 bare ``FINISH_ABORT()``. ``run_eagle_verify`` changed elsewhere but calls the two spec_utils targets the same way. So
 0.5.17-0.5.22 could likely share this adapter, but they are NOT listed in ``BANDS`` until tested.
 
-Every hook passes through to SGLang's code until :meth:`Adapter.activate` (called by ``plugin.load`` only after all
-hooks landed).
+Every hook passes through to SGLang's code until the runtime is activated (``plugin.load``, only after all hooks
+landed).
 """
 
 from __future__ import annotations
 
 from typing import Any, Tuple
 
-from sglang_eagle_overlap.adapters.common import BandAdapter, Hook
-from sglang_eagle_overlap.adapters.v0_5_23 import (
-    hook_advance_grammar_fsm,
-    hook_build_grammar_vocab_mask,
-    hook_grammar_tree,
-)
+from sglang_eagle_overlap.adapters.v0_5_23 import advance_grammar_fsm, build_grammar_vocab_mask, grammar_tree
+from sglang_eagle_overlap.integration.hooks import BandAdapter, Hook
 
 __all__ = ["ADAPTER", "HOOKS", "Adapter"]
 
 HOOKS: Tuple[Hook, ...] = (
-    hook_grammar_tree.HOOK,
-    hook_build_grammar_vocab_mask.HOOK,
-    hook_advance_grammar_fsm.HOOK,
+    grammar_tree.HOOK,
+    build_grammar_vocab_mask.HOOK,
+    advance_grammar_fsm.HOOK,
 )
 
 
@@ -46,7 +45,7 @@ class Adapter(BandAdapter):
     hooks = HOOKS
 
     def register(self, registry: Any) -> None:
-        hook_grammar_tree.capture_original()
+        grammar_tree.capture_original()
         super().register(registry)
 
 

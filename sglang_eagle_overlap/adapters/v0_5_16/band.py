@@ -1,0 +1,195 @@
+"""SGLang 0.5.16: the grammar-overlap integration itself. The hook modules next to this one and the vendored patch
+(``patches/sglang-0.5.16``) both call these functions, so one code path serves plugin and patch users.
+
+SGLang 0.5.16 forces every speculative grammar decode batch out of overlap (``need_grammar_sync``). With this band,
+EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar stay overlapped; one verify step is:
+
+1. ``Scheduler.is_disable_overlap_for_batch`` -> :func:`keeps_overlap`: drop the grammar-sync reason (only that one);
+   it also records the overlap loop's ``result_queue`` on the runtime (the verify barrier reads it).
+2. ``run_eagle_verify``, before the target-verify launch -> :func:`begin_verify`: the verify tree's async host copy
+   (``GrammarStep.copy_tree``) replaces the blocking ``.cpu()``.
+3. ``run_eagle_verify``, after the launch -> :func:`build_vocab_mask`: ``GrammarStep.build_mask`` with
+   :func:`advance_queued_results` as the barrier (the previous batch's accepted runs, still in ``result_queue``, fed
+   through the ledger), then the SGLang side: abort failed requests alone, ``verify_input.grammar``, clear the
+   extend stage's ``sampling_info.vocab_mask``.
+4. Post-processing ``_accept_grammar_tokens`` / ``_apply_prefill_grammar`` -> :func:`accept_tokens` /
+   :func:`accept_prefill_token`: replay what 3 fed (or feed it now), with SGLang's retained-run and abort semantics
+   (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
+
+From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> ``accept_run`` -> ``GrammarStep.advance``
+-> ``AcceptLedger.advance`` -> ``grammar.accept_token``, the tokens passed as arguments all the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
+
+from sglang_eagle_overlap.core.tree_copy import PendingTree
+from sglang_eagle_overlap.integration.requests import (
+    abort_mask_failed,
+    accept_run,
+    innermost_grammar,
+    is_xgrammar,
+    mask_requests,
+)
+from sglang_eagle_overlap.integration.runtime import Runtime
+
+__all__ = [
+    "EAGLE_FAMILY",
+    "VerifyStep",
+    "accept_prefill_token",
+    "accept_tokens",
+    "advance_queued_results",
+    "algorithm_name",
+    "begin_verify",
+    "build_vocab_mask",
+    "can_mask",
+    "is_eagle_family",
+    "keeps_overlap",
+]
+
+# Algorithms whose verify runs through ``eagle_worker_common.run_eagle_verify`` (EAGLEWorkerV2 and subclasses).
+EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+
+
+@dataclass(slots=True)
+class VerifyStep:
+    """One plugin-owned verify step between :func:`begin_verify` and :func:`build_vocab_mask`."""
+
+    batch: Any
+    pending: PendingTree
+
+
+def algorithm_name(obj: Any) -> str:
+    """The algorithm of a batch (``spec_algorithm``), server args (``speculative_algorithm``), an enum or a string."""
+    algo = obj
+    if obj is not None and not isinstance(obj, str) and not hasattr(obj, "name"):
+        algo = getattr(obj, "spec_algorithm", None)
+        if algo is None:
+            algo = getattr(obj, "speculative_algorithm", None)
+    if algo is None:
+        return ""
+    return str(getattr(algo, "name", algo)).upper()
+
+
+def is_eagle_family(obj: Any) -> bool:
+    return algorithm_name(obj) in EAGLE_FAMILY
+
+
+def can_mask(batch: Any) -> bool:
+    """The native mask uses xgrammar's bitmask layout: a batch with another backend (llguidance, outlines) keeps
+    SGLang's own path. A reasoning wrapper around xgrammar (or around nothing) is fine: it takes the generic walk."""
+    for req in batch.reqs:
+        grammar = getattr(req, "grammar", None)
+        if grammar is None:
+            continue
+        inner = innermost_grammar(grammar)
+        if inner is not None and not is_xgrammar(inner):
+            return False
+    return True
+
+
+# -- scheduler side -------------------------------------------------------------------------------------------------
+def keeps_overlap(rt: Runtime, batch: Any, result_queue: Any) -> bool:
+    """True: this grammar decode batch may overlap the previous one, because its verify advances the previous batch's
+    grammars itself (:func:`advance_queued_results`) before it needs the mask. Records ``result_queue``."""
+    rt.result_queue = result_queue
+    keep = (
+        batch is not None
+        and bool(getattr(batch, "has_grammar", False))
+        and batch.forward_mode.is_decode()
+        and is_eagle_family(batch)
+        and can_mask(batch)
+    )
+    if keep and len(result_queue or ()) > 0:
+        rt.step.stats.count("overlap_kept")
+    return keep
+
+
+# -- worker side (run_eagle_verify) ---------------------------------------------------------------------------------
+def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyStep]:
+    """Before the target-verify launch: start the verify tree's async host copy. None: SGLang's own path."""
+    if not getattr(batch, "has_grammar", False) or not is_eagle_family(batch):
+        return None
+    if batch.forward_mode.is_idle():
+        return None
+    if not can_mask(batch):
+        rt.step.stats.count("fallback_steps")
+        return None
+    pending = rt.step.copy_tree(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling,
+                                verify_input.draft_token)
+    return VerifyStep(batch=batch, pending=pending)
+
+
+def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Any:
+    """After the target-verify launch, before sampling. Returns the device mask (None: no row constrained)."""
+    step_mask = rt.step.build_mask(
+        mask_requests(batch.reqs), verify.pending, vocab_size=batch.sampling_info.vocab_size,
+        device=verify_input.retrieve_next_token.device,
+        barrier=lambda: advance_queued_results(rt, rt.result_queue, batch.reqs),
+        draft_device=verify_input.draft_token,
+    )
+    for i, error in step_mask.tree.failed:
+        abort_mask_failed(batch.reqs[i], error)
+    grammar = next((req.grammar for req in batch.reqs if req.grammar is not None), None)
+    if grammar is not None:
+        # As SGLang: the sampler checks ``verify_input.grammar``, and the extend stage's leftover vocab mask must not
+        # be applied to the verify logits.
+        verify_input.grammar = grammar
+        batch.sampling_info.vocab_mask = None
+    return step_mask.device_mask
+
+
+def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] = ()) -> int:
+    """The barrier: feed the results still in ``queue`` to their grammars exactly as post-processing will (same rows
+    skipped: finished / retracted / still-chunked; same output positions, ``len(req.output_ids)`` before the run is
+    appended). Returns the tokens newly fed (replays feed nothing)."""
+    step = rt.step
+    if not queue:
+        return 0
+    live = {str(req.rid) for req in current_reqs}
+    fed_before = step.ledger.tokens_fed
+    for b, r in list(queue):
+        reqs = getattr(b, "reqs", None) or []
+        live.update(str(req.rid) for req in reqs)
+        fm = b.forward_mode
+        if r is None or r.next_token_ids is None or fm.is_idle():
+            continue
+        if not any(req.grammar is not None for req in reqs):
+            continue
+        is_decode = fm.is_decode() and r.accept_lens is not None
+        if not (is_decode or fm.is_extend()):
+            continue
+        if r.copy_done is not None:
+            r.copy_done.synchronize()
+        ids = r.next_token_ids.tolist()
+        if is_decode:
+            lens = r.accept_lens.tolist()
+            stride = r.speculative_num_draft_tokens
+        step.stats.count("barrier_runs")
+        for i, req in enumerate(reqs):
+            if req.grammar is None or req.is_retracted or req.finished():
+                continue
+            if not is_decode and req.inflight_middle_chunks > 0:
+                continue  # a chunk that did not finish the prompt emits no token
+            run = ids[i * stride : i * stride + lens[i]] if is_decode else [int(ids[i])]
+            step.advance(str(req.rid), req.grammar, len(req.output_ids), run)
+    step.prune(live)
+    return step.ledger.tokens_fed - fed_before
+
+
+# -- post-processing ------------------------------------------------------------------------------------------------
+def accept_tokens(rt: Runtime, req: Any, tokens: Any) -> List[int]:
+    """``_accept_grammar_tokens``: the run is not yet appended, so it starts at ``len(req.output_ids)``."""
+    toks = [int(tokens)] if isinstance(tokens, int) else [int(t) for t in tokens]
+    return accept_run(rt.step, req, len(req.output_ids), toks)
+
+
+def accept_prefill_token(rt: Runtime, req: Any, next_token_id: int) -> None:
+    """``_apply_prefill_grammar``: the token was appended already. ``grammar.finished`` mirrors ``req.finished()``.
+
+    Known difference from SGLang (documented in the README): the barrier may feed the first token before SGLang's
+    ``update_finish_state``, so a request whose very first token terminates the grammar finishes at prefill."""
+    accept_run(rt.step, req, len(req.output_ids) - 1, [int(next_token_id)])
+    req.grammar.finished = req.finished()

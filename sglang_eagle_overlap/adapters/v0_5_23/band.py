@@ -1,0 +1,184 @@
+"""SGLang 0.5.23: the grammar-overlap integration itself. The hook modules next to this one and the vendored patch
+(``patches/sglang-0.5.23``) both call these, so one code path serves plugin and patch users.
+
+SGLang 0.5.23 already keeps EAGLE grammar decode batches overlapped and calls a barrier inside verify; this band
+replaces the three pieces that are slow or not exactly-once there:
+
+1. ``spec_utils.GrammarTree`` -> :class:`PluginGrammarTree`: ``from_device`` (before the target-verify launch) copies
+   through the runtime's reusable pinned buffers (``GrammarStep.copy_tree``; SGLang allocates pinned memory every
+   step) and remembers the device draft tensor, so unmasked drafts can be neutralised.
+2. ``spec_utils.build_grammar_vocab_mask`` -> :func:`build_grammar_vocab_mask` (after the launch, before sampling):
+   ``GrammarStep.build_mask`` with SGLang's barrier (``Scheduler._advance_pending_grammar``, which lands in 3),
+   native xgrammar tree mask instead of the per-node Python DFS, failed requests aborted alone.
+3. ``SchedulerBatchResultProcessor.advance_grammar_fsm`` -> :func:`advance_grammar_fsm`: every run through the ledger
+   (exactly once per request id and output position, whichever caller comes first), SGLang's gating, retained runs
+   and aborts (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
+
+From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` -> ``accept_run`` ->
+``GrammarStep.advance`` -> ``AcceptLedger.advance`` -> ``grammar.accept_token``, the tokens passed as arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from sglang_eagle_overlap.core.tree_copy import PendingTree
+from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, mask_requests
+from sglang_eagle_overlap.integration.runtime import Runtime
+
+__all__ = ["PluginGrammarTree", "advance_grammar_fsm", "build_grammar_vocab_mask", "output_stride",
+           "patched_grammar_tree", "patched_runtime"]
+
+_sglang_tree: List[Any] = [None]  # SGLang's own GrammarTree, used while the runtime is off
+
+
+class PluginGrammarTree:
+    """The verify tree on the host, copied through the runtime's reusable pinned buffers (duck-compatible with
+    SGLang's ``GrammarTree``: ``from_device`` / ``from_host`` / ``from_linear_chain`` / ``resolve``).
+
+    While no runtime is active every constructor delegates to SGLang's own class, so objects and behaviour are
+    SGLang's. ``draft_device`` is the caller's draft-token tensor (EAGLE trees), which the mask step may overwrite
+    to neutralise unmasked drafts; None for trees whose candidates the caller owns (``from_host``, chains)."""
+
+    __slots__ = ("pending", "draft_device")
+
+    def __init__(self, pending: PendingTree, draft_device: Optional[torch.Tensor] = None) -> None:
+        self.pending = pending
+        self.draft_device = draft_device
+
+    @staticmethod
+    def sglang_class() -> Any:
+        if _sglang_tree[0] is None:
+            from sglang.srt.speculative import spec_utils
+
+            if spec_utils.GrammarTree is PluginGrammarTree:
+                raise RuntimeError("sglang-eagle-overlap: SGLang's own GrammarTree was not captured before REPLACE")
+            _sglang_tree[0] = spec_utils.GrammarTree
+        return _sglang_tree[0]
+
+    @classmethod
+    def from_device(cls, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
+                    draft_token: torch.Tensor) -> Any:
+        rt = runtime.active()
+        if rt is None:
+            return cls.sglang_class().from_device(retrieve_next_token, retrieve_next_sibling, draft_token)
+        return cls(rt.step.copy_tree(retrieve_next_token, retrieve_next_sibling, draft_token), draft_token)
+
+    @classmethod
+    def from_host(cls, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
+                  draft_token: torch.Tensor) -> Any:
+        rt = runtime.active()
+        if rt is None:
+            return cls.sglang_class().from_host(retrieve_next_token, retrieve_next_sibling, draft_token)
+        return cls(rt.step.copier.start(retrieve_next_token, retrieve_next_sibling, draft_token))
+
+    @classmethod
+    def from_linear_chain(cls, verify_ids_2d: torch.Tensor) -> Any:
+        rt = runtime.active()
+        if rt is None:
+            return cls.sglang_class().from_linear_chain(verify_ids_2d)
+        bs, chain_len = verify_ids_2d.shape
+        nxt = torch.full((bs, chain_len), -1, dtype=torch.int64)
+        nxt[:, :-1] = torch.arange(1, chain_len, dtype=torch.int64)
+        sib = torch.full((bs, chain_len), -1, dtype=torch.int64)
+        return cls(rt.step.copier.start(nxt, sib, verify_ids_2d))  # chain algorithms own their candidates
+
+    def resolve(self) -> Tuple[torch.Tensor, ...]:
+        """Wait for the host copy (one event) and return ``(next_token, next_sibling, draft_tokens)``."""
+        return self.pending.resolve()
+
+
+def capture_sglang_tree(cls: Any) -> None:
+    """Remember SGLang's own ``GrammarTree`` before it is replaced (hook: at register; patch: at import)."""
+    if cls is not PluginGrammarTree and _sglang_tree[0] is None:
+        _sglang_tree[0] = cls
+
+
+def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree, sampling_info: Any, device: Any,
+                             barrier: Any) -> Any:
+    """After the target-verify launch, before sampling: barrier -> tree wait -> native mask -> non-blocking upload.
+    Returns SGLang's ``GrammarMask`` (None: no request constrained). Chain trees without a neutralisable draft tensor
+    are built without a time limit (exact, never neutralised)."""
+    step_mask = rt.step.build_mask(mask_requests(reqs), tree.pending, vocab_size=sampling_info.vocab_size,
+                                   device=device, barrier=barrier, draft_device=tree.draft_device)
+    for i, error in step_mask.tree.failed:
+        abort_mask_failed(reqs[i], error)
+    grammar = next((r.grammar for r in reqs if getattr(r, "grammar", None) is not None), None)
+    if grammar is None:
+        return None
+    # As SGLang: otherwise the extend stage's leftover mask is applied to the verify logits.
+    sampling_info.grammar_mask = None
+    if step_mask.device_mask is None:
+        return None
+    from sglang.srt.constrained.base_grammar_backend import GrammarMask
+
+    return GrammarMask(grammar, step_mask.device_mask)
+
+
+def output_stride(result: Any) -> int:
+    """Row stride of a speculative result's ``next_token_ids`` (0.5.17-0.5.19 called it
+    ``speculative_num_draft_tokens``)."""
+    stride = getattr(result, "speculative_output_stride", None)
+    if stride is None:
+        stride = getattr(result, "speculative_num_draft_tokens", None)
+    if stride is None or stride < 1:
+        raise RuntimeError(
+            f"speculative result is missing a positive output row stride (speculative_output_stride="
+            f"{getattr(result, 'speculative_output_stride', None)!r})"
+        )
+    return int(stride)
+
+
+def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
+    """SGLang's ``advance_grammar_fsm`` contract, through the ledger: skip when ``result.grammar_advanced`` or no
+    grammar or neither decode nor extend; extend advances the single prefill token (in-flight chunked prefill
+    skipped); decode advances ``next_token_ids[i*stride : i*stride + accept_lens[i]]`` and stores the retained runs in
+    ``result.grammar_retained_tokens``; retracted / finished requests are skipped (SG#28986). The output position is
+    ``len(req.output_ids)``: the result is not yet appended."""
+    if result.grammar_advanced or not batch.has_grammar:
+        return
+    is_decode = batch.forward_mode.is_decode()
+    if not (is_decode or batch.forward_mode.is_extend()):
+        return
+    if is_decode and result.accept_lens is None:
+        return
+    if result.copy_done is not None:
+        result.copy_done.synchronize()
+    next_token_ids = result.next_token_ids.tolist()
+    if is_decode:
+        accept_lens = result.accept_lens.tolist()
+        stride = output_stride(result)
+    finished: List[str] = []
+    live = set()
+    retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
+    for i, req in enumerate(batch.reqs):
+        if req.grammar is None:
+            continue
+        if req.finished():
+            finished.append(str(req.rid))
+            continue
+        if req.is_retracted or (not is_decode and req.inflight_middle_chunks > 0):
+            continue
+        live.add(str(req.rid))
+        run = next_token_ids[i * stride : i * stride + accept_lens[i]] if is_decode else [next_token_ids[i]]
+        retained[i] = accept_run(rt.step, req, len(req.output_ids), run)
+    if is_decode:
+        result.grammar_retained_tokens = retained
+    result.grammar_advanced = True
+    rt.step.prune(live, finished)
+
+
+# -- the vendored patch's entry points --------------------------------------------------------------------------------
+def patched_runtime() -> Runtime:
+    """The runtime of a patched SGLang (created from the environment on first use, active)."""
+    return runtime.for_patched_sglang()
+
+
+def patched_grammar_tree(sglang_cls: Any) -> Any:
+    """Called by the patched ``spec_utils`` right after its own ``GrammarTree``: returns the class to use instead."""
+    capture_sglang_tree(sglang_cls)
+    patched_runtime()
+    return PluginGrammarTree

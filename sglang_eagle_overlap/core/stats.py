@@ -1,0 +1,68 @@
+"""Operator-facing numbers of the grammar work, per process (engine-agnostic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict
+
+__all__ = ["COUNTERS", "StepStats"]
+
+# Event counters every integration reports under these names (patched SGLang and hooks alike).
+COUNTERS = (
+    "aborts",  # requests aborted because the grammar rejected a committed token
+    "mask_failures",  # requests aborted because their grammar raised during the tree mask build
+    "ledger_resets",  # ledger re-anchored at the host's position (gap / conflict)
+    "ledger_forgets",  # entries dropped when the ledger outgrew the live batch
+    "overlap_kept",  # grammar decode batches whose forced sync the integration dropped (0.5.16)
+    "fallback_steps",  # grammar verify steps left to the host's own path (non-xgrammar backend)
+    "barrier_runs",  # (batch, result) pairs advanced at the verify barrier
+    "replays",  # post-processing asks answered from the ledger (already fed at the barrier)
+)
+
+
+@dataclass
+class StepStats:
+    """``grammar_s`` is what verify steps spent on the CPU between the verify launch and the mask upload: ledger
+    advance (barrier) + tree-copy wait + mask build (+ upload). ``unhidden_s`` is the part of it after the verify
+    forward was ready, i.e. what sampling waited for (estimated by
+    :class:`~sglang_eagle_overlap.metrics.ForwardReadyProbe`; on CPU all of ``grammar_s``)."""
+
+    steps: int = 0
+    unhidden_s: float = 0.0
+    advance_s: float = 0.0
+    tree_wait_s: float = 0.0
+    mask_s: float = 0.0
+    mask_timeouts: int = 0
+    last: Dict[str, float] = field(default_factory=dict)
+    # Every counter is present (0) from the start, so readers never see a missing key.
+    counters: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+
+    def count(self, name: str, k: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + k
+
+    def record_step(self, advance_s: float, tree_wait_s: float, mask_s: float, timeouts: int, bs: int,
+                    unhidden_s: float = 0.0) -> None:
+        """One verify step. ``unhidden_s`` may belong to earlier steps (CUDA events are read lazily)."""
+        self.steps += 1
+        self.advance_s += advance_s
+        self.tree_wait_s += tree_wait_s
+        self.mask_s += mask_s
+        self.unhidden_s += unhidden_s
+        self.mask_timeouts += timeouts
+        self.last = {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs),
+                     "unhidden_s": unhidden_s}
+
+    @property
+    def grammar_s(self) -> float:
+        return self.advance_s + self.tree_wait_s + self.mask_s
+
+    def per_step_ms(self) -> Dict[str, float]:
+        """Mean per step, in ms, of the operator numbers (0 before the first step)."""
+        n = max(self.steps, 1)
+        return {
+            "grammar_ms": self.grammar_s / n * 1e3,
+            "unhidden_ms": self.unhidden_s / n * 1e3,
+            "advance_ms": self.advance_s / n * 1e3,
+            "tree_wait_ms": self.tree_wait_s / n * 1e3,
+            "mask_ms": self.mask_s / n * 1e3,
+        }

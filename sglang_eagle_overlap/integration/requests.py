@@ -1,0 +1,104 @@
+"""SGLang ``Req`` objects -> core inputs, and the core's per-request outcomes back into SGLang (both bands).
+
+Decided once for every integration (hooks and patched SGLang alike):
+
+* the run a request keeps from one verify step is the prefix its grammar consumed, stopping after the token that
+  terminated it; if the grammar had already terminated, the first token is kept (SGLang's ``_accept_grammar_tokens``
+  does the same: ``accept_token`` on a terminated grammar is a no-op and the token is still committed);
+* a rejected token aborts that request alone (HTTP 500 for it, ``Grammar accept_token failed: ...``);
+* a grammar that raises during the mask build aborts that request alone (``Grammar mask build failed: ...``);
+* finished requests, and requests without a grammar, are unconstrained in the tree mask (SG#28986).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Sequence
+
+from sglang_eagle_overlap.core.ledger import AdvanceOutcome
+from sglang_eagle_overlap.core.mask import MaskRequest
+from sglang_eagle_overlap.core.step import GrammarStep
+
+__all__ = [
+    "abort_mask_failed",
+    "accept_run",
+    "finish_with_error",
+    "innermost_grammar",
+    "is_xgrammar",
+    "mask_request_for",
+    "mask_requests",
+]
+
+logger = logging.getLogger("sglang_eagle_overlap")
+
+
+def is_xgrammar(grammar: Any) -> bool:
+    """SGLang's ``XGrammarGrammar`` itself (not a wrapper such as the reasoning wrapper)."""
+    return type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher")
+
+
+def innermost_grammar(grammar: Any) -> Any:
+    """The grammar inside SGLang's reasoning wrapper(s) (``ReasonerGrammarObject``), or ``grammar`` itself."""
+    seen = 0
+    while type(grammar).__name__ == "ReasonerGrammarObject" and seen < 4:
+        grammar = getattr(grammar, "grammar", None)
+        seen += 1
+    return grammar
+
+
+def mask_request_for(req: Any) -> MaskRequest:
+    """One batch row of the tree mask: unconstrained (no grammar, or finished: SG#28986), the bare xgrammar matcher
+    (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
+    (reasoning wrapper, other backends)."""
+    grammar = getattr(req, "grammar", None)
+    rid = str(getattr(req, "rid", ""))
+    if grammar is None:
+        return MaskRequest(request_id=rid)
+    finished = getattr(req, "finished", None)
+    if callable(finished) and finished():
+        return MaskRequest(request_id=rid)
+    if is_xgrammar(grammar):
+        return MaskRequest(matcher=grammar.matcher, request_id=rid)
+    return MaskRequest(grammar=grammar, request_id=rid)
+
+
+def mask_requests(reqs: Sequence[Any]) -> List[MaskRequest]:
+    return [mask_request_for(r) for r in reqs]
+
+
+def finish_with_error(req: Any, message: str) -> bool:
+    """Finish ``req`` alone with ``message`` (HTTP 500 for that request); False if it was already being finished (its
+    first, clearer reason is kept)."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    if getattr(req, "to_finish", None) is not None:
+        return False
+    req.to_finish = FINISH_ABORT(message, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+    return True
+
+
+def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
+    """Feed the run ``tokens`` that ``req`` committed at output position ``start`` to its grammar, exactly once
+    (replayed if the verify barrier fed it already), and return the run the request keeps (module docstring)."""
+    rid = str(req.rid)
+    if step.ledger.outcome(rid, start) is not None:
+        step.stats.count("replays")
+    outcome: AdvanceOutcome = step.advance(rid, req.grammar, start, tokens)
+    if outcome.error is not None:
+        if finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {outcome.error}"):
+            logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens),
+                         outcome.error)
+            step.stats.count("aborts")
+        return list(outcome.retained)
+    if not outcome.retained and outcome.terminated and tokens:
+        return [int(tokens[0])]
+    return list(outcome.retained)
+
+
+def abort_mask_failed(req: Any, error: str) -> None:
+    """Finish ``req`` alone: its grammar raised during the tree mask build (its drafts were neutralised)."""
+    logger.error("sglang-eagle-overlap: aborting request %s: its grammar failed during the tree mask build: %s",
+                 req.rid, error)
+    finish_with_error(req, f"Grammar mask build failed: request {req.rid}: {error}")

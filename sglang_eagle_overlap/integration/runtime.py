@@ -1,0 +1,103 @@
+"""The plugin's per-process state: one :class:`Runtime` per SGLang process, created once, passed on as an argument.
+
+SGLang runs one scheduler (and its worker) per process, so a process needs exactly one tree copier, ledger and mask
+builder: the :class:`~sglang_eagle_overlap.core.GrammarStep` inside the runtime. Hooks cannot take extra arguments
+from SGLang, so they fetch it here, once per call, with :func:`active` (None unless the plugin activated in this
+process); a patched SGLang fetches it with :func:`for_patched_sglang`. Everything below a hook or a patch call site
+receives the runtime as an argument.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eagle_overlap.settings import Settings, SettingsError
+
+logger = logging.getLogger("sglang_eagle_overlap")
+
+__all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "reset"]
+
+
+@dataclass
+class Runtime:
+    """``active`` is set only once every hook landed (plugin) or by a patched SGLang; ``result_queue`` is the overlap
+    loop's queue of unprocessed (batch, result) pairs (0.5.16: the verify barrier advances what is still in it);
+    ``in_flight`` is the verify step between two hooks of the same ``run_eagle_verify`` call (0.5.16 hooks only)."""
+
+    settings: Settings
+    step: GrammarStep
+    active: bool = False
+    result_queue: Any = None
+    in_flight: Any = None
+    origin: str = "plugin"
+
+
+_process: List[Optional[Runtime]] = [None]
+_patched_off: List[bool] = [False]
+
+
+def create(settings: Settings, origin: str = "plugin") -> Runtime:
+    """The process's runtime, created on the first call from ``settings`` (later calls return the same object)."""
+    rt = _process[0]
+    if rt is not None:
+        return rt
+    from sglang_eagle_overlap.core.timeline import timeline
+    from sglang_eagle_overlap.metrics import ForwardReadyProbe, PrometheusExporter
+
+    holder: List[Runtime] = []
+    step = GrammarStep(
+        mask_threads=settings.mask_threads,
+        mask_time_limit_s=settings.mask_time_limit_s,
+        probe=ForwardReadyProbe(),
+        exporter=PrometheusExporter(),  # inert unless SGLang runs with --enable-metrics
+        timeline=timeline(),  # the process-wide recorder (shared with the dev probes of stock SGLang)
+        stats_file=settings.stats_file,
+        log_interval_s=settings.log_interval_s,
+        state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
+    )
+    rt = Runtime(settings=settings, step=step, origin=origin)
+    holder.append(rt)
+    _process[0] = rt
+    return rt
+
+
+def current() -> Optional[Runtime]:
+    """The process's runtime, active or not (None before the plugin or a patched SGLang created it)."""
+    return _process[0]
+
+
+def active() -> Optional[Runtime]:
+    """The process's runtime if the product is switched on in this process, else None (hooks pass through)."""
+    rt = _process[0]
+    return rt if rt is not None and rt.active else None
+
+
+def for_patched_sglang() -> Optional[Runtime]:
+    """A patched SGLang's runtime: created from the environment on first use and active at once (a patched SGLang
+    has no hooks whose landing must be checked first). None -- SGLang's own path at every call site -- when
+    ``SGLANG_EAGLE_OVERLAP=0`` or a switch is malformed (logged once at ERROR, naming the variable)."""
+    rt = _process[0]
+    if rt is not None:
+        return rt if rt.active else None
+    if _patched_off[0]:
+        return None
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        logger.error("sglang-eagle-overlap: %s; the patched SGLang keeps its own grammar path", exc)
+        settings = None
+    if settings is None or not settings.enabled:
+        _patched_off[0] = True
+        return None
+    rt = create(settings, origin="patched-sglang")
+    rt.active = True
+    return rt
+
+
+def reset() -> None:
+    """Forget the process's runtime (tests only; a process never needs it)."""
+    _process[0] = None
+    _patched_off[0] = False

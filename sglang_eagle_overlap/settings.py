@@ -1,0 +1,85 @@
+"""The plugin's switches, read once per process from the environment into one immutable :class:`Settings`.
+
+Every switch is parsed here and nowhere else; a malformed value is an error that names the variable, the value and
+what is expected (the plugin then refuses to load, loudly), never a silent default.
+
+| variable | meaning | default |
+|---|---|---|
+| ``SGLANG_EAGLE_OVERLAP`` | ``0`` / ``false`` / ``no`` / ``off`` turns the plugin off without uninstalling it | on |
+| ``SGLANG_EAGLE_OVERLAP_MASK_THREADS`` | C++ threads for the tree-mask fills | 1 on <= 2 cores, else half the cores, <= 8 |
+| ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS`` | per-step mask time limit (``0`` = none) | 50 |
+| ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` | JSON stats file rewritten every verify step (tests, debugging) | none |
+| ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` | seconds between the INFO summary lines | 30 |
+| ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+__all__ = ["ENV", "Settings", "SettingsError"]
+
+ENV = {
+    "enabled": "SGLANG_EAGLE_OVERLAP",
+    "mask_threads": "SGLANG_EAGLE_OVERLAP_MASK_THREADS",
+    "mask_time_limit_ms": "SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS",
+    "stats_file": "SGLANG_EAGLE_OVERLAP_STATS_FILE",
+    "log_interval_s": "SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S",
+    "timeline_file": "SGLANG_EAGLE_OVERLAP_TIMELINE_FILE",
+}
+_OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
+
+
+class SettingsError(ValueError):
+    """A switch has a value the plugin cannot use; the message names the variable and what it expects."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    enabled: bool = True
+    mask_threads: int = 1
+    mask_time_limit_s: Optional[float] = 0.05
+    stats_file: Optional[str] = None
+    log_interval_s: float = 30.0
+    timeline_file: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Settings":
+        env = os.environ if environ is None else environ
+
+        def get(key: str) -> Optional[str]:
+            raw = env.get(ENV[key])
+            return None if raw is None else raw.strip()
+
+        enabled_raw = (get("enabled") or "").lower()
+        if enabled_raw not in _OFF + _ON:
+            raise SettingsError(f"{ENV['enabled']}={env.get(ENV['enabled'])!r}: expected 1 / 0 (or on / off)")
+        threads_raw = get("mask_threads")
+        from sglang_eagle_overlap.core.mask import default_mask_threads
+
+        threads = default_mask_threads() if not threads_raw else _number(ENV["mask_threads"], threads_raw, int, 1)
+        limit_raw = get("mask_time_limit_ms")
+        limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
+        interval_raw = get("log_interval_s")
+        interval = 30.0 if not interval_raw else _number(ENV["log_interval_s"], interval_raw, float, 0.0)
+        return cls(
+            enabled=enabled_raw not in _OFF,
+            mask_threads=int(threads),
+            mask_time_limit_s=None if limit_ms <= 0 else limit_ms / 1e3,
+            stats_file=get("stats_file") or None,
+            log_interval_s=float(interval),
+            timeline_file=get("timeline_file") or None,
+        )
+
+
+def _number(name: str, raw: str, kind: type, minimum: float) -> float:
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a {kind.__name__} >= {kind(minimum)}") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r}: expected a {kind.__name__} >= {kind(minimum)}")
+    return value
