@@ -13,7 +13,7 @@ Decided once for every integration (hooks and patched SGLang alike):
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Sequence
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core.ledger import AdvanceOutcome
 from sglang_eagle_overlap.core.mask import MaskRequest
@@ -22,6 +22,7 @@ from sglang_eagle_overlap.core.step import GrammarStep
 __all__ = [
     "abort_mask_failed",
     "accept_run",
+    "committed_runs",
     "finish_with_error",
     "innermost_grammar",
     "is_xgrammar",
@@ -102,3 +103,20 @@ def abort_mask_failed(req: Any, error: str) -> None:
     logger.error("sglang-eagle-overlap: aborting request %s: its grammar failed during the tree mask build: %s",
                  req.rid, error)
     finish_with_error(req, f"Grammar mask build failed: request {req.rid}: {error}")
+
+
+def committed_runs(reqs: Sequence[Any], next_token_ids: Sequence[int], accept_lens: Optional[Sequence[int]],
+                   stride: int = 1) -> Iterator[Tuple[int, Any, List[int]]]:
+    """``(row, req, run)`` for every row of a result whose run SGLang's post-processing will commit to a grammar: the
+    request is constrained, not finished (SG#28986), not retracted, and -- for a prefill result (``accept_lens`` is
+    None: one token per row) -- not a chunk that did not finish its prompt. Decode rows are
+    ``next_token_ids[i * stride : i * stride + accept_lens[i]]``."""
+    for i, req in enumerate(reqs):
+        if req.grammar is None or req.is_retracted or req.finished():
+            continue
+        if accept_lens is None:
+            if req.inflight_middle_chunks > 0:
+                continue  # a chunk that did not finish the prompt emits no token
+            yield i, req, [int(next_token_ids[i])]
+        else:
+            yield i, req, list(next_token_ids[i * stride : i * stride + accept_lens[i]])

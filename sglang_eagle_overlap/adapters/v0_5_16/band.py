@@ -29,6 +29,7 @@ from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration.requests import (
     abort_mask_failed,
     accept_run,
+    committed_runs,
     innermost_grammar,
     is_xgrammar,
     mask_requests,
@@ -163,17 +164,10 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
             continue
         if r.copy_done is not None:
             r.copy_done.synchronize()
-        ids = r.next_token_ids.tolist()
-        if is_decode:
-            lens = r.accept_lens.tolist()
-            stride = r.speculative_num_draft_tokens
+        lens = r.accept_lens.tolist() if is_decode else None
+        stride = r.speculative_num_draft_tokens if is_decode else 1
         step.stats.count("barrier_runs")
-        for i, req in enumerate(reqs):
-            if req.grammar is None or req.is_retracted or req.finished():
-                continue
-            if not is_decode and req.inflight_middle_chunks > 0:
-                continue  # a chunk that did not finish the prompt emits no token
-            run = ids[i * stride : i * stride + lens[i]] if is_decode else [int(ids[i])]
+        for _, req, run in committed_runs(reqs, r.next_token_ids.tolist(), lens, stride):
             step.advance(str(req.rid), req.grammar, len(req.output_ids), run)
     step.prune(live)
     return step.ledger.tokens_fed - fed_before

@@ -26,7 +26,7 @@ import torch
 
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration import runtime
-from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, mask_requests
+from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, committed_runs, mask_requests
 from sglang_eagle_overlap.integration.runtime import Runtime
 
 __all__ = ["PluginGrammarTree", "advance_grammar_fsm", "build_grammar_vocab_mask", "output_stride",
@@ -147,23 +147,13 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
         return
     if result.copy_done is not None:
         result.copy_done.synchronize()
-    next_token_ids = result.next_token_ids.tolist()
-    if is_decode:
-        accept_lens = result.accept_lens.tolist()
-        stride = output_stride(result)
-    finished: List[str] = []
+    lens = result.accept_lens.tolist() if is_decode else None
+    stride = output_stride(result) if is_decode else 1
+    finished = [str(r.rid) for r in batch.reqs if r.grammar is not None and r.finished()]
     live = set()
     retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
-    for i, req in enumerate(batch.reqs):
-        if req.grammar is None:
-            continue
-        if req.finished():
-            finished.append(str(req.rid))
-            continue
-        if req.is_retracted or (not is_decode and req.inflight_middle_chunks > 0):
-            continue
+    for i, req, run in committed_runs(batch.reqs, result.next_token_ids.tolist(), lens, stride):
         live.add(str(req.rid))
-        run = next_token_ids[i * stride : i * stride + accept_lens[i]] if is_decode else [next_token_ids[i]]
         retained[i] = accept_run(rt.step, req, len(req.output_ids), run)
     if is_decode:
         result.grammar_retained_tokens = retained
