@@ -324,7 +324,7 @@ def build_tokenizer_dir(vocab_size: int) -> Path:
 
 def dummy_model_dirs(target_cfg: Path, draft_cfg: Path) -> Tuple[Path, Path]:
     """Model directories for ``load_format="dummy"``: the shipped ``config.json`` files plus the local tokenizer, with
-    the token ids (bos / eos / pad) set to that tokenizer's. Cached under :func:`cache_dir`."""
+    the token ids (eos / pad; no bos) set to that tokenizer's. Cached under :func:`cache_dir`."""
     target = json.loads((target_cfg / "config.json").read_text())
     draft = json.loads((draft_cfg / "config.json").read_text())
     tok_dir = build_tokenizer_dir(int(target["vocab_size"]))
@@ -336,7 +336,7 @@ def dummy_model_dirs(target_cfg: Path, draft_cfg: Path) -> Tuple[Path, Path]:
     for name, cfg in (("target", target), ("draft", draft)):
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
-        cfg = dict(cfg, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
+        cfg = dict(cfg, bos_token_id=None, eos_token_id=eos, pad_token_id=pad)  # the tokenizer has no BOS
         for f in tok_dir.iterdir():
             if f.is_file() and not f.name.startswith(".") and f.name != "config.json":
                 shutil.copy(f, d / f.name)

@@ -112,3 +112,35 @@ def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
     md = result_file.with_suffix(".md").read_text()
     assert "| topk1 | 2 |" in md and "MEASURED on" in md
     assert result_file.with_suffix(".png").stat().st_size > 0
+
+
+def test_shipped_configs_have_the_published_llama_3_1_8b_shape():
+    target = json.loads((ROOT / "benchmarks" / "configs" / "llama-3.1-8b" / "config.json").read_text())
+    draft = json.loads((ROOT / "benchmarks" / "configs" / "llama-3.1-8b-eagle3" / "config.json").read_text())
+    for cfg in (target, draft):
+        assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"],
+                cfg["vocab_size"], cfg["rope_theta"]) == (4096, 32, 8, 14336, 128256, 500000.0)
+        assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_scaling"]["factor"] == 8.0
+    assert target["architectures"] == ["LlamaForCausalLM"] and target["num_hidden_layers"] == 32
+    assert draft["architectures"] == ["LlamaForCausalLMEagle3"] and draft["num_hidden_layers"] == 1
+    assert draft["draft_vocab_size"] == target["vocab_size"] and draft["target_hidden_size"] == 4096
+
+
+def test_dummy_model_dirs_pair_the_configs_with_the_local_tokenizer(bench, tmp_path, monkeypatch):
+    if importlib.util.find_spec("tokenizers") is None or not (ROOT / "dev" / "sglang_eo_dev").is_dir():
+        pytest.skip("needs tokenizers and the dev package (scripts/setup_cpu_env.sh <version>)")
+    # the shipped configs with a 4096-token vocabulary: the same code path, a tokenizer that builds in seconds
+    for name in ("llama-3.1-8b", "llama-3.1-8b-eagle3"):
+        cfg = json.loads((ROOT / "benchmarks" / "configs" / name / "config.json").read_text())
+        cfg.update(vocab_size=4096, **({"draft_vocab_size": 4096} if "draft_vocab_size" in cfg else {}))
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("SGLANG_EO_BENCH_CACHE", str(tmp_path / "cache"))
+    target, draft = bench.dummy_model_dirs(tmp_path / "llama-3.1-8b", tmp_path / "llama-3.1-8b-eagle3")
+    tok = json.loads((target / "tokenizer.json").read_text())
+    eos = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|endoftext|>")
+    for d, arch in ((target, "LlamaForCausalLM"), (draft, "LlamaForCausalLMEagle3")):
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["architectures"] == [arch] and cfg["eos_token_id"] == eos and cfg["bos_token_id"] is None
+        assert (d / "tokenizer.json").exists() and (d / "tokenizer_config.json").exists()
+        assert len(json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]) + len(tok["added_tokens"]) >= 4096
