@@ -11,6 +11,8 @@
 # dist-info written into SITE, so SGLang loads it exactly as after `pip install`.
 #   all   = tests, then bench (default);  env = print the exports and stop (source-able: eval "$(run.sh DIR env)").
 # RESULTS_DIR (default benchmarks/results) receives the benchmark's md/json/png; the run's logs go there too.
+# A full benchmark grid (2 shapes x 4 batch sizes x 3 variants, 4 engine starts) may need more than a 10-minute
+# slot: split it, e.g. `run.sh DIR bench -- --shapes topk1` then `-- --shapes topk4`.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 archive=$(cd "${1:?usage: run.sh ARCHIVE_DIR [all|bench|tests|env] [-- bench args]}" && pwd)
