@@ -23,8 +23,8 @@ The step model (per decode step = per output token at accept length ~1, all time
 
   ``mask_off_critical_path`` (a lever) lets the mask overlap SGLang's own work: ``max(gpu, advance + max(mask,
   sched))``. ``draft`` (``draft_ms``, an estimate) is the GPU work after sampling, so ``advance + mask + draft``
-  binds only when the mask is later than the verify forward. ``first_step`` is the one-off first-step mask cost (every request hit the 50 ms time limit once),
-  amortised over the ``out_tokens`` of a request.
+  binds only when the mask is later than the verify forward. ``first_step`` is the one-off first-step mask cost
+  (every request hit the 50 ms time limit once), amortised over the ``out_tokens`` of a request.
 * stock 0.5.16 (forced sync): nothing overlaps, grammar in Python on the scheduler thread::
 
       stock = gpu + sched + sync_fixed + bs * (stock_advance + nodes * stock_fill)
