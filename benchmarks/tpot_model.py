@@ -37,8 +37,8 @@ measured (other bs, other shapes, what-if levers) are predictions, marked as suc
 
 Usage::
 
-    python benchmarks/tpot_model.py            # table vs measured + what-if rows -> benchmarks/results/tpot_model.md/json
-    python benchmarks/tpot_model.py --fit      # re-fit the parameters (needs scipy), print them
+    python benchmarks/tpot_model.py        # table vs measured + what-if rows -> benchmarks/results/tpot_model.*
+    python benchmarks/tpot_model.py --fit  # re-fit the parameters (needs scipy), print them
 
 API for the lead: ``predict(bs, shape, params=CALIBRATED, levers=Levers(...))`` -> :class:`Prediction` with the
 phases; ``what_if_rows()`` for the standard levers.
@@ -293,10 +293,11 @@ def markdown(params: Params = CALIBRATED) -> str:
     one = MEASURED_H200_ONE_THREAD
     e1 = errs[(str(one["shape"]), int(one["bs"]), "plugin_1thread")]
     worst = max(abs(v) for v in errs.values())
+    one_pred = predict(int(one["bs"]), str(one["shape"]), params, Levers(threads=1)).plugin_ms
     lines += [
         "",
         f"One mask thread, {one['shape']} bs {one['bs']}: measured {one['plugin']} ms, predicted "
-        f"{predict(int(one['bs']), str(one['shape']), params, Levers(threads=1)).plugin_ms:.2f} ms ({e1 * 100:+.1f} %). "
+        f"{one_pred:.2f} ms ({e1 * 100:+.1f} %). "
         f"Worst calibration error over all {len(errs)} measured cells: {worst * 100:.1f} %.",
         "",
         "## What-if (PREDICTED plugin ms/step; in brackets: over unconstrained; err = calibration error at that bs)",

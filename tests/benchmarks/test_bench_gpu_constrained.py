@@ -106,7 +106,8 @@ def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
             assert cell["n"] == 1 and cell["ms_step"] > 0 and cell["full_batch"], (v, cell)
             assert cell["accept_len"] >= 1.0
         ph = row["json"]["phases"]
-        raw = next(x for x in result["raw"] if x["shape"] == "topk1" and x["bs"] == row["bs"] and x["variant"] == "json")
+        raw = next(x for x in result["raw"]
+                   if x["shape"] == "topk1" and x["bs"] == row["bs"] and x["variant"] == "json")
         assert ph is not None and ph["steps"] >= raw["rounds"][0]["steps"]  # the plugin owned every verify step
         assert row["json-off"]["phases"] is None and row["unconstrained"]["phases"] is None
     md = result_file.with_suffix(".md").read_text()
