@@ -244,6 +244,10 @@ def markdown(result: Dict[str, Any]) -> str:
         "wait / mask / un-hidden, ms) and mask time-limit hits per request.",
         "",
     ]
+    if m.get("device") == "cpu":
+        lines += ["CPU mode: tiny models, the forward runs synchronously on the scheduler thread, so nothing can be "
+                  "hidden; these rows exercise the benchmark end to end and are no GPU result (on a shared machine "
+                  "they are also noisy: compare nothing across engines here).", ""]
     has_model = any(r.get("model_plugin_ms") is not None for r in result["rows"])
     head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | ms/token unc / "
             "json / off | over unc. | off/on | phases adv / tree / mask / unhidden ms | limit hits/req | accept |")
