@@ -297,6 +297,10 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
             pts = [(r["bs"], r[v]["ms_step"]) for r in rows if r[v].get("ms_step") is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label, color=color)
+        sizes = sorted({r["bs"] for r in rows})
+        ax.set_xscale("log", base=2)  # 1 / 8 / 32 / 64 evenly readable
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(b) for b in sizes])
         ax.set_title(f"EAGLE3 {shape}")
         ax.set_xlabel("batch size")
         ax.set_ylabel("ms per decode step")
