@@ -1,0 +1,147 @@
+"""``benchmarks/bench_gpu_constrained.py``: its pure helpers (no engine) and its CPU mode end to end on the real SGLang
+engine with the tiny random pair (``@pytest.mark.engine``; the same code path a GPU run takes, minus the device)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "bench_gpu_constrained.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu_constrained", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _out(tokens: int, verify: int) -> dict:
+    return {"meta_info": {"completion_tokens": tokens, "spec_verify_ct": verify}}
+
+
+def test_round_result_subtracts_the_one_token_batch(bench):
+    full = [_out(40, 20), _out(40, 19)]  # accept length 2: 20 steps for 40 tokens
+    one = [_out(1, 0), _out(1, 0)]
+    r = bench.round_result(t_full=0.50, t_one=0.10, full=full, one=one, max_new_tokens=40)
+    assert r["steps"] == 20
+    assert r["ms_step"] == pytest.approx(400 / 20)
+    assert r["ms_token"] == pytest.approx(400 / 39)
+    assert r["accept_len"] == pytest.approx(78 / 40)
+    assert r["full_batch"] is True
+    short = bench.round_result(0.5, 0.1, [_out(40, 20), _out(12, 6)], one, max_new_tokens=40)
+    assert short["full_batch"] is False and short["tokens_min"] == 12
+
+
+def test_parse_shapes_defaults_and_extra_shapes(bench):
+    shapes = bench.parse_shapes("topk1,topk4")
+    assert [(s.steps, s.topk, s.draft_tokens) for s in shapes] == [(3, 1, 4), (3, 4, 8)]
+    extra = bench.parse_shapes("topk1", ["topk8=5,8,64"])
+    assert extra[-1].engine_kwargs() == {"speculative_num_steps": 5, "speculative_eagle_topk": 8,
+                                         "speculative_num_draft_tokens": 64}
+    with pytest.raises(ValueError, match="steps,topk,tokens"):
+        bench.parse_shapes("topk1", ["bad=1,2"])
+    with pytest.raises(ValueError, match="tokens = steps \\+ 1"):
+        bench.parse_shapes("", ["chain=3,1,8"])
+    with pytest.raises(ValueError, match="unknown shape"):
+        bench.parse_shapes("topk9")
+
+
+def test_summaries_rows_and_markdown(bench):
+    rounds = [{"ms_step": 10.0, "ms_token": 10.0, "accept_len": 1.0, "full_batch": True, "requests": 8},
+              {"ms_step": 12.0, "ms_token": 12.0, "accept_len": 1.0, "full_batch": True, "requests": 8}]
+    ph = [{"steps": 100, "advance_s": 0.2, "tree_wait_s": 0.05, "mask_s": 0.1, "unhidden_s": 0.03,
+           "mask_timeouts": 8}] * 2
+    on = bench.summarize_cell(rounds, ph)
+    assert on["ms_step"] == pytest.approx(11.0) and on["ms_step_best"] == 10.0
+    assert on["phases"]["advance_ms"] == pytest.approx(2.0) and on["phases"]["mask_ms"] == pytest.approx(1.0)
+    assert on["phases"]["mask_timeouts_per_request"] == pytest.approx(1.0)
+    unc = bench.summarize_cell([dict(rounds[0], ms_step=8.0)], [])
+    off = bench.summarize_cell([dict(rounds[0], ms_step=22.0)], [])
+    rows = bench.table_rows({("topk1", 8, "json"): on, ("topk1", 8, "unconstrained"): unc,
+                             ("topk1", 8, "json-off"): off}, ["topk1"], [8, 32])
+    assert rows[0]["overhead"] == pytest.approx(11 / 8 - 1) and rows[0]["off_over_on"] == pytest.approx(2.0)
+    assert rows[1]["overhead"] is None  # bs 32 never ran
+    rows[0]["model_plugin_ms"], rows[0]["model_err"] = 11.5, 11.5 / 11 - 1
+    result = {"machine": {"device_name": "H200", "cpus": 16, "sglang": "0.5.16", "xgrammar": "0.2.1",
+                          "torch": "2.11", "python": "3.12"}, "model": "m", "max_new_tokens": 160, "rounds": 2,
+              "repeats": 1, "command": "python benchmarks/bench_gpu_constrained.py", "rows": rows, "problems": []}
+    md = bench.markdown(result)
+    assert "| topk1 | 8 | 8.00 | 11.00 | 22.00 |" in md
+    assert "+37.5%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30" in md and "11.50 (+4.5%)" in md
+
+
+@pytest.mark.engine
+def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
+    """Both engines (plugin on: json + unconstrained; plugin off: json), 2 batch sizes, on the tiny random pair."""
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("sglang_eo_dev") is None:
+        pytest.skip("needs SGLang and the dev CPU runtime (scripts/setup_cpu_env.sh <version>)")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "dev"), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, str(BENCH), "--device", "cpu", "--shapes", "topk1", "--batch-sizes", "1,2",
+           "--max-new-tokens", "12", "--rounds", "1", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail
+    (result_file,) = tmp_path.glob("gpu_constrained_cpu_*.json")
+    result = json.loads(result_file.read_text())
+    assert result["problems"] == []
+    assert {(e["plugin"], e["active"]) for e in result["engines"]} == {("on", True), ("off", False)}
+    assert [(r["shape"], r["bs"]) for r in result["rows"]] == [("topk1", 1), ("topk1", 2)]
+    for row in result["rows"]:
+        for v in ("json", "unconstrained", "json-off"):
+            cell = row[v]
+            assert cell["n"] == 1 and cell["ms_step"] > 0 and cell["full_batch"], (v, cell)
+            assert cell["accept_len"] >= 1.0
+        ph = row["json"]["phases"]
+        raw = next(x for x in result["raw"]
+                   if x["shape"] == "topk1" and x["bs"] == row["bs"] and x["variant"] == "json")
+        assert ph is not None and ph["steps"] >= raw["rounds"][0]["steps"]  # the plugin owned every verify step
+        assert row["json-off"]["phases"] is None and row["unconstrained"]["phases"] is None
+    md = result_file.with_suffix(".md").read_text()
+    assert "| topk1 | 2 |" in md and "MEASURED on" in md
+    assert result_file.with_suffix(".png").stat().st_size > 0
+
+
+def test_shipped_configs_have_the_published_llama_3_1_8b_shape():
+    target = json.loads((ROOT / "benchmarks" / "configs" / "llama-3.1-8b" / "config.json").read_text())
+    draft = json.loads((ROOT / "benchmarks" / "configs" / "llama-3.1-8b-eagle3" / "config.json").read_text())
+    for cfg in (target, draft):
+        assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"],
+                cfg["vocab_size"], cfg["rope_theta"]) == (4096, 32, 8, 14336, 128256, 500000.0)
+        assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_scaling"]["factor"] == 8.0
+    assert target["architectures"] == ["LlamaForCausalLM"] and target["num_hidden_layers"] == 32
+    assert draft["architectures"] == ["LlamaForCausalLMEagle3"] and draft["num_hidden_layers"] == 1
+    assert draft["draft_vocab_size"] == target["vocab_size"] and draft["target_hidden_size"] == 4096
+
+
+def test_dummy_model_dirs_pair_the_configs_with_the_local_tokenizer(bench, tmp_path, monkeypatch):
+    if importlib.util.find_spec("tokenizers") is None or not (ROOT / "dev" / "sglang_eo_dev").is_dir():
+        pytest.skip("needs tokenizers and the dev package (scripts/setup_cpu_env.sh <version>)")
+    # the shipped configs with a 4096-token vocabulary: the same code path, a tokenizer that builds in seconds
+    for name in ("llama-3.1-8b", "llama-3.1-8b-eagle3"):
+        cfg = json.loads((ROOT / "benchmarks" / "configs" / name / "config.json").read_text())
+        cfg.update(vocab_size=4096, **({"draft_vocab_size": 4096} if "draft_vocab_size" in cfg else {}))
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("SGLANG_EO_BENCH_CACHE", str(tmp_path / "cache"))
+    target, draft = bench.dummy_model_dirs(tmp_path / "llama-3.1-8b", tmp_path / "llama-3.1-8b-eagle3")
+    tok = json.loads((target / "tokenizer.json").read_text())
+    eos = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|endoftext|>")
+    for d, arch in ((target, "LlamaForCausalLM"), (draft, "LlamaForCausalLMEagle3")):
+        cfg = json.loads((d / "config.json").read_text())
+        assert cfg["architectures"] == [arch] and cfg["eos_token_id"] == eos and cfg["bos_token_id"] is None
+        assert (d / "tokenizer.json").exists() and (d / "tokenizer_config.json").exists()
+        assert len(json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]) + len(tok["added_tokens"]) >= 4096
