@@ -24,6 +24,7 @@ under `flock /tmp/sglang-engine.lock` (one engine at a time on a small machine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORTED = ("0.5.16", "0.5.23")
@@ -274,24 +275,28 @@ def _worker_cmd(python: str, args: argparse.Namespace, state: str, out: str) -> 
     return cmd
 
 
-def _run_engine(cmd: List[str], env: Dict[str, str], lock: bool, log_path: Optional[str]) -> int:
-    """Run one engine subprocess; its output goes to ``log_path`` (None: to this terminal). With ``lock``, hold
-    the machine-wide engine lock for the run (the same lock as `flock /tmp/sglang-engine.lock`: flock(2))."""
-    def call() -> int:
-        if log_path is None:
-            return subprocess.call(cmd, env=env)
-        with open(log_path, "w", encoding="utf-8") as log:
-            return subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+def _run_engine(cmd: List[str], env: Dict[str, str], log_path: Optional[str]) -> int:
+    """Run one engine subprocess; its output goes to ``log_path`` (None: to this terminal)."""
+    if log_path is None:
+        return subprocess.call(cmd, env=env)
+    with open(log_path, "w", encoding="utf-8") as log:
+        return subprocess.call(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    if not lock:
-        return call()
+
+@contextlib.contextmanager
+def _engine_lock(enabled: bool) -> Iterator[None]:
+    """Hold the machine-wide engine lock (the same lock as `flock /tmp/sglang-engine.lock`: flock(2)) for all of
+    the demo's engines, so no other engine runs in between and the demo is not queued again for each one."""
+    if not enabled:
+        yield
+        return
     with open(ENGINE_LOCK, "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"[demo]   waiting for {ENGINE_LOCK} (another SGLang engine is running) ...", flush=True)
+            print(f"[demo] waiting for {ENGINE_LOCK} (another SGLang engine is running) ...", flush=True)
             fcntl.flock(fh, fcntl.LOCK_EX)
-        return call()
+        yield
 
 
 def _tail(path: str, n: int = 40) -> str:
@@ -303,69 +308,79 @@ def _tail(path: str, n: int = 40) -> str:
 
 
 def orchestrate(args: argparse.Namespace) -> int:
+    """Run the plan's engines one after the other (each in its own process, so each plugin state starts clean), then
+    print the table and the explanation. Exit status 1 when an engine failed, an output was invalid, or the plugin
+    was not active exactly when it should be."""
     gpu = bool(args.model_path)
-    versions = list(SUPPORTED) if args.sglang_version == "all" else [args.sglang_version]
-    if gpu:
-        versions = [_sglang_version()]
+    versions = [_sglang_version()] if gpu else (
+        list(SUPPORTED) if args.sglang_version == "all" else [args.sglang_version])
+    plan = runs_for(versions, args.plugin)
+    pythons = {v: sys.executable if gpu else str(VENV_DIR / f"sglang-{v}" / "bin" / "python") for v in versions}
+    for v, python in pythons.items():
+        if not os.path.exists(python):
+            print(f"[demo] no CPU venv for SGLang {v} ({python}): run scripts/setup_cpu_env.sh {v} "
+                  "(scripts/demo.sh does)", file=sys.stderr)
+            return 2
     results: List[Dict[str, Any]] = []
-    t_all = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-eo-demo-") as tmp:
         env = dict(os.environ)
-        # SGLang leaves its ZMQ ipc socket files in TMPDIR; this folder is removed at the end.
-        env["TMPDIR"] = tmp
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT), str(ROOT / "dev")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        for i, (version, state) in enumerate(runs_for(versions, args.plugin)):
-            if gpu:
-                python = sys.executable
-            else:
-                python = str(VENV_DIR / f"sglang-{version}" / "bin" / "python")
-                if not os.path.exists(python):
-                    print(f"[demo] no CPU venv for SGLang {version}: run scripts/setup_cpu_env.sh {version} "
-                          "(scripts/demo.sh does)", file=sys.stderr)
-                    return 2
-            print(f"[demo] engine {i + 1}: SGLang {version}, plugin {state} ...", flush=True)
-            run_tmp = os.path.join(tmp, f"run-{i}")
-            os.mkdir(run_tmp)
-            out = os.path.join(run_tmp, "result.json")
-            log = None if args.verbose else os.path.join(run_tmp, "engine.log")
-            t0 = time.monotonic()
-            lock = not gpu and not args.no_engine_lock
-            rc = _run_engine(_worker_cmd(python, args, state, out), dict(env, TMPDIR=run_tmp), lock, log)
-            if rc != 0 or not os.path.exists(out):
-                if log:
-                    print(f"[demo]   FAILED (exit {rc}); last lines of the engine log:\n{_tail(log)}", flush=True)
-                results.append({"version": version, "plugin_state": state, "error": f"engine run exited with {rc}"})
-                continue
-            with open(out, encoding="utf-8") as f:
-                results.append(json.load(f))
-            print(f"[demo]   done in {time.monotonic() - t0:.0f} s (engine start {results[-1]['start_s']:.0f} s)",
-                  flush=True)
+        with _engine_lock(not gpu and not args.no_engine_lock):
+            t_all = time.monotonic()  # not counting the wait for the lock
+            for i, (version, state) in enumerate(plan):
+                print(f"[demo] engine {i + 1}/{len(plan)}: SGLang {version}, plugin {state} ...", flush=True)
+                run_tmp = os.path.join(tmp, f"run-{i}")
+                os.mkdir(run_tmp)
+                out = os.path.join(run_tmp, "result.json")
+                log = None if args.verbose else os.path.join(run_tmp, "engine.log")
+                t0 = time.monotonic()
+                # TMPDIR: SGLang leaves its ZMQ ipc socket files there; the whole folder is removed at the end.
+                rc = _run_engine(_worker_cmd(pythons[version], args, state, out), dict(env, TMPDIR=run_tmp), log)
+                if rc != 0 or not os.path.exists(out):
+                    if log:
+                        print(f"[demo]   FAILED (exit {rc}); last lines of the engine log:\n{_tail(log)}", flush=True)
+                    results.append({"version": version, "plugin_state": state,
+                                    "error": f"engine run exited with {rc}"})
+                    continue
+                with open(out, encoding="utf-8") as f:
+                    results.append(json.load(f))
+                print(f"[demo]   done in {time.monotonic() - t0:.0f} s (engine start {results[-1]['start_s']:.0f} s)",
+                      flush=True)
+            t_engines = time.monotonic() - t_all
     print(f"\n========== sglang-eagle-overlap demo ({'GPU' if gpu else 'CPU, tiny follower models'}, EAGLE3 topk "
           f"{args.topk}, {args.requests} JSON-schema requests x {args.rounds} rounds after 1 warm-up round; "
-          f"{time.monotonic() - t_all:.0f} s) ==========")
+          f"engines: {t_engines:.0f} s) ==========")
     print(table(results))
     print()
     for line in explanation(results, gpu):
         print(line)
-    problems = []
-    for r in results:
-        if r.get("error"):
-            problems.append(f"SGLang {r['version']} plugin {r['plugin_state']}: {r['error']} (see its log above)")
-            continue
-        if r["valid"] != r["outputs"]:
-            problems.append(f"SGLang {r['version']} plugin {r['plugin_state']}: {r['outputs'] - r['valid']} "
-                            "outputs are not valid JSON for the schema")
-        if (r["plugin_state"] == "on") != r.get("plugin_active", False):
-            problems.append(f"SGLang {r['version']} plugin {r['plugin_state']}: plugin active="
-                            f"{r.get('plugin_active')} (look for 'sglang-eagle-overlap' in the engine log above)")
     shown = next((r for r in results if not r.get("error") and r.get("distinct_outputs")), None)
     if shown:
         print(f"\nOutput ({shown['n_distinct']} distinct of {shown['outputs']} from SGLang {shown['version']}, "
               f"plugin {shown['plugin_state']}): {shown['distinct_outputs'][0]}")
+    problems = problems_in(results)
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0
+
+
+def problems_in(results: Sequence[Dict[str, Any]]) -> List[str]:
+    """What makes the demo fail: an engine that did not finish, an invalid output, the plugin not active exactly
+    when it should be."""
+    problems = []
+    for r in results:
+        tag = f"SGLang {r['version']} plugin {r['plugin_state']}"
+        if r.get("error"):
+            problems.append(f"{tag}: {r['error']} (its log tail is printed above; --verbose shows it all)")
+            continue
+        if r["valid"] != r["outputs"]:
+            problems.append(f"{tag}: {r['outputs'] - r['valid']} of {r['outputs']} outputs are not valid JSON for "
+                            "the schema")
+        if (r["plugin_state"] == "on") != bool(r.get("plugin_active")):
+            problems.append(f"{tag}: plugin active={r.get('plugin_active')}; run with --verbose and look for "
+                            "'sglang-eagle-overlap' in the engine log (README, Troubleshooting)")
+    return problems
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -380,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--topk", type=int, default=1, choices=[1, 4],
                     help="EAGLE3 tree: 1 = chain of 3 steps / 4 draft tokens, 4 = topk 4 / 3 steps / 8 draft tokens")
     ap.add_argument("--requests", type=int, default=4, help="JSON-schema requests per round (one batch; default 4)")
-    ap.add_argument("--rounds", type=int, default=3, help="measured rounds after the warm-up round (default 3)")
+    ap.add_argument("--rounds", type=int, default=5, help="measured rounds after the warm-up round (default 5)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--model-path", help="GPU mode: target model (default: CPU mode with tiny local models)")
     ap.add_argument("--draft-model-path", help="GPU mode: EAGLE3 draft model (required with --model-path)")
