@@ -4,7 +4,7 @@
 #   scripts/setup_cpu_env.sh 0.5.23        -> .venvs/sglang-0.5.23
 #   scripts/setup_cpu_env.sh 0.5.16        -> .venvs/sglang-0.5.16
 #
-# Cost of a first build (README "Requirements"): 3-5 min and ~3.4 GB per version, ~1.7 GB downloaded once per version;
+# Cost of a first build (README "Requirements"): ~2 min (measured, fast network) to 5 min and 3.4 GB per version;
 # a re-run is a no-op (a stamp file records a hash of this script and the version).
 #
 # Recipe (why each step: README "Requirements" and the comments below): torch 2.13.0 CPU, then the packages whose
@@ -97,7 +97,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
 fi
 PY="$(find_python)"
 echo "[setup] building $VENV with $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')" \
-     "(first time: 3-5 min, ~3.4 GB)" >&2
+     "(first time: 2-5 min, 3.4 GB)" >&2
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
