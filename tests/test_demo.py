@@ -58,5 +58,5 @@ def test_table_and_explanation_show_the_overlap_difference():
     assert "FAILED" in rows[5]
     assert all("4/4" in r for r in rows[2:5])
     words = "\n".join(demo.explanation(results, gpu=False))
-    assert "forced OFF 12/12" in words and "kept (0/12 off)" in words
+    assert "0.5.16 ran 12 of 12 " in words and "0 of 12 with the plugin" in words
     assert "follower" in words and demo.GPU_BENCHMARK in words
