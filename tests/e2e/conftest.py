@@ -33,6 +33,7 @@ MODULE_ORDER = (
     "test_faults",
     "test_patch_v0_5_23",
     "test_patch_v0_5_16",
+    "test_demo",
 )
 
 
