@@ -473,6 +473,11 @@ def report() -> None:
             s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["unhidden_ms"],
             s.mask_timeouts, len(STATE.ledger), s.counters,
         )
+    write_stats()
+
+
+def write_stats() -> None:
+    """Write :meth:`PluginState.snapshot` to ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` when it is set (best effort)."""
     path = STATE.stats_path
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"

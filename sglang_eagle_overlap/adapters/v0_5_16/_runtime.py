@@ -23,12 +23,24 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from sglang_eagle_overlap.adapters.common import STATE, advance, mark_verify_launch, mask_step, prune_ledger
+from sglang_eagle_overlap import support
+from sglang_eagle_overlap.adapters.common import (
+    STATE,
+    advance,
+    mark_verify_launch,
+    mask_step,
+    prune_ledger,
+    write_stats,
+)
 from sglang_eagle_overlap.core import PendingTree
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
-EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+BAND = "0.5.16"
+# Algorithms whose grammar decode batches the plugin keeps in the overlap (EAGLE, EAGLE3, STANDALONE; NEXTN arrives
+# resolved to EAGLE). The decision per algorithm, with its reason, is data in ``sglang_eagle_overlap.support``.
+EAGLE_FAMILY = support.kept_algorithms(BAND)
+_announced: set = set()
 
 
 @dataclass
@@ -53,6 +65,16 @@ def algorithm_name(batch_or_args: Any) -> str:
 
 def is_eagle_family(batch_or_args: Any) -> bool:
     return algorithm_name(batch_or_args) in EAGLE_FAMILY
+
+
+def announce_stand_aside(batch: Any) -> None:
+    """Log once per process and algorithm that a grammar batch of a non-family algorithm stays on SGLang's path."""
+    name = algorithm_name(batch)
+    if name and name != "NONE" and name not in EAGLE_FAMILY and name not in _announced:
+        _announced.add(name)
+        STATE.stats.count("stand_aside_algorithms")
+        logger.info(support.stand_aside_message(BAND, name))
+        write_stats()
 
 
 def remember_scheduler(scheduler: Any) -> None:

@@ -4,10 +4,12 @@ Why: in 0.5.16 this returns True for every speculative decode batch with a gramm
 overlap loop processes the previous result before launching the next batch: the GPU idles while the CPU advances
 grammars and builds the next mask.
 
-How: for EAGLE / EAGLE3 / STANDALONE grammar decode batches, ask the original again with ``batch.has_grammar``
+How: for EAGLE / EAGLE3 / STANDALONE grammar decode batches (NEXTN arrives as EAGLE; the list is
+``sglang_eagle_overlap.support``), ask the original again with ``batch.has_grammar``
 hidden, which drops only the grammar-sync reason and keeps every other one (consecutive prefill). It is safe because
 the plugin's verify path advances the previous batch's grammars itself (via the ledger) before it needs the mask.
-This hook also records the scheduler, which the worker-side hooks need to reach ``result_queue``.
+This hook also records the scheduler, which the worker-side hooks need to reach ``result_queue``. For other algorithms
+(NGRAM) it passes through and logs once that the plugin stands aside.
 
 Upstream state: 0.5.17 has ``ScheduleBatch.grammar_needs_sync()`` / ``supports_grammar_overlap()`` (SG#31488).
 
@@ -29,10 +31,13 @@ def is_disable_overlap_for_batch(original, self, batch, *args, **kwargs):
     if not (
         batch is not None
         and getattr(batch, "has_grammar", False)
-        and _runtime.is_eagle_family(batch)
         and batch.forward_mode.is_decode()
-        and _runtime.plugin_can_mask(batch)
     ):
+        return original(self, batch, *args, **kwargs)
+    if not _runtime.is_eagle_family(batch):
+        _runtime.announce_stand_aside(batch)  # e.g. NGRAM: SGLang's synchronous grammar path, said once
+        return original(self, batch, *args, **kwargs)
+    if not _runtime.plugin_can_mask(batch):
         return original(self, batch, *args, **kwargs)
     batch.has_grammar = False
     try:
