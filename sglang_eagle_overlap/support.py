@@ -28,6 +28,7 @@ __all__ = [
     "Cell",
     "Decision",
     "SUPPORT",
+    "UNTESTED",
     "cell",
     "kept_algorithms",
     "resolve",
@@ -80,6 +81,27 @@ SUPPORT: Tuple[Cell, ...] = (
     Cell("0.5.23", "EAGLE3", "keep", _KEEP_23, _EQUIV_TEST),
     Cell("0.5.23", "STANDALONE", "keep", _KEEP_23 + " (StandaloneWorkerV2 is an EAGLEWorkerV2)", _ALGO_TEST),
     Cell("0.5.23", "NGRAM", "mask-only", _NGRAM_23, _ALGO_TEST),
+)
+
+# Algorithms SGLang also has on these bands whose models the CPU runtime cannot run (no engine test here): what the
+# plugin does for them, read from the installed sources. Not in SUPPORT, so nothing treats them as tested.
+UNTESTED: Tuple[Cell, ...] = (
+    Cell("0.5.16", "EAGLE (multi-layer MTP, --enable-multi-layer-eagle)", "keep",
+         "MultiLayerEagleWorkerV2 verifies through run_eagle_verify, which the plugin hooks; needs a model with "
+         "several MTP layers (MiMo-V2 style)", None),
+    Cell("0.5.16", "FROZEN_KV_MTP", "stand-aside",
+         "not in the plugin's EAGLE family (Gemma4 assistant drafts; needs Gemma4 layers)", None),
+    Cell("0.5.16", "DFLASH / DSPARK", "stand-aside",
+         "their 0.5.16 workers build no grammar tree mask; needs their block-diffusion drafts", None),
+    Cell("0.5.23", "EAGLE (multi-layer MTP, --enable-multi-layer-eagle)", "keep",
+         "verifies through run_eagle_verify (GrammarTree / build_grammar_vocab_mask, hooked); needs a model with "
+         "several MTP layers", None),
+    Cell("0.5.23", "FROZEN_KV_MTP", "keep",
+         "an EAGLEWorkerV2 subclass: run_eagle_verify path, hooked; needs a Gemma4 assistant draft", None),
+    Cell("0.5.23", "DFLASH / DSPARK", "keep",
+         "SGLang overlaps them (supports_grammar_overlap); their GrammarTree.from_linear_chain and "
+         "build_grammar_vocab_mask calls are hooked; needs their block-diffusion drafts", None),
+    Cell("0.5.23", "UNO", "stand-aside", "SGLang rejects grammar requests with UNO (NotImplementedError)", None),
 )
 
 _BY_KEY: Dict[Tuple[str, str], Cell] = {(c.band, c.algorithm): c for c in SUPPORT}
