@@ -6,8 +6,8 @@ once per session and sends every case below, so the four modules together cost o
 (10 per SGLang version), whatever order pytest runs them in.
 
 Models: the "think-follower" set (``sglang_eo_dev.cpu_runtime.models.build_think_follower_models``). Every target
-writes the chain ``I see</think>\\n{"title": ...}<eos>`` after any prompt; every draft predicts the same chain, so drafts
-are accepted several tokens at a time, and grammar-forced tokens make drafts be rejected too. All engines run with
+writes the chain ``I see</think>\\n{"title": ...}<eos>`` after any prompt; every draft predicts the same chain, so
+drafts are accepted several tokens at a time, and grammar-forced tokens make drafts be rejected too. All engines run with
 ``--reasoning-parser deepseek-r1``: requests without ``require_reasoning`` are constrained from their first token
 (SGLang starts the reasoning wrapper in its generation state), those with it only after ``</think>``.
 """

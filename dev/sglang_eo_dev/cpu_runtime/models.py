@@ -617,7 +617,8 @@ def _save_eagle2_draft(out: Path, tok_dir: Path, n_vocab: int, eos_id: int, pad_
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     _copy_tokenizer(tok_dir, out)
 
 
