@@ -17,6 +17,7 @@ COUNTERS = (
     "fallback_steps",  # grammar verify steps left to the host's own path (non-xgrammar backend)
     "barrier_runs",  # (batch, result) pairs advanced at the verify barrier
     "replays",  # post-processing asks answered from the ledger (already fed at the barrier)
+    "stand_aside_algorithms",  # algorithms whose grammar batches the integration left to SGLang (logged once each)
 )
 
 

@@ -10,8 +10,8 @@ receives the runtime as an argument.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Set
 
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.settings import Settings, SettingsError
@@ -33,6 +33,7 @@ class Runtime:
     result_queue: Any = None
     in_flight: Any = None
     origin: str = "plugin"
+    announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
 
 
 _process: List[Optional[Runtime]] = [None]

@@ -28,6 +28,11 @@ MODULE_ORDER = (
     "test_spec_equivalence",
     "test_grammar_follower",
     "test_plugin_equivalence",
+    # issue #14: these four share one engine per configuration through algo_runs (results cached in the pool)
+    "test_algorithms",
+    "test_reasoning_grammar",
+    "test_logprobs",
+    "test_mixed_grammar_kinds",
     "test_server",
     "test_operator_metrics_server",
     "test_faults",

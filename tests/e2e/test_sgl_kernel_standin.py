@@ -153,3 +153,26 @@ def test_decode_attention_writes_new_kv_then_attends():
     idx = torch.tensor([2, 5, 7, 9])
     ref = _dense(q, kbuf[idx], vbuf[idx], torch.ones(1, 4, dtype=torch.bool), 0.5)
     torch.testing.assert_close(o, ref)
+
+
+def test_reconstruct_indices_from_tree_mask_links_an_ngram_tree():
+    """NGRAM's tree from its ancestor mask (row i marks root..i). Request 0, BFS-numbered::
+
+        0 ── 1 ── 3
+        └─── 2
+
+    request 1 is a chain 0 ── 1 ── 2 ── 3.
+    """
+    import torch
+    from sgl_kernel.speculative import reconstruct_indices_from_tree_mask
+
+    tree = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    chain = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    mask = torch.tensor([tree, chain], dtype=torch.bool).flatten()
+    seq = torch.tensor([10, 20])
+    pos, ridx, nxt, sib = (torch.full((2, 4), -7, dtype=torch.int64) for _ in range(4))
+    reconstruct_indices_from_tree_mask(mask, seq, pos, ridx, nxt, sib, 2, 4)
+    assert pos.tolist() == [[10, 11, 11, 12], [20, 21, 22, 23]]
+    assert ridx.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert nxt.tolist() == [[1, 3, -1, -1], [1, 2, 3, -1]]
+    assert sib.tolist() == [[-1, 2, -1, -1], [-1, -1, -1, -1]]

@@ -6,6 +6,11 @@ context so a start takes ~25-40 s on 2 cores, greedy verification, xgrammar with
 ``constrained_json_disable_any_whitespace``. Speculative variants: ``topk1`` (topk 1, 3 steps, 4 draft tokens) and
 ``topk4`` (topk 4, 3 steps, 8 draft tokens); ``None`` runs without speculation.
 
+Speculative algorithm (``EngineConfig.algorithm``): ``EAGLE3`` with the ``random`` / ``follower`` / ``noisy-follower``
+pairs; ``EAGLE`` (EAGLE-2 draft), ``STANDALONE`` (small Llama draft), ``NGRAM`` (no draft) with the ``think-follower``
+Llama target; ``NEXTN`` with ``think-follower-mtp`` (a MiMo target whose MTP layer is the draft, draft path = target
+path). ``reasoning_parser`` passes ``--reasoning-parser`` (the think-follower tokenizer has ``</think>``).
+
 Environment every SGLang process needs (also the spawned scheduler): ``SGLANG_USE_CPU_ENGINE=1``,
 ``SGLANG_EO_CPU_RUNTIME=1`` (activates the test plugin), ``PYTHONPATH`` with ``_site/`` (torchvision shim at
 interpreter start), ``SGLANG_EO_STATS_FILE`` (overlap counters), and ``SGLANG_EAGLE_OVERLAP=0`` to switch the product
@@ -30,7 +35,9 @@ from sglang_eo_dev.cpu_runtime import models
 from sglang_eo_dev.cpu_runtime.stats import STATS_ENV, read_stats
 
 __all__ = [
+    "Algorithm",
     "EngineConfig",
+    "NGRAM_ARGS",
     "SPEC_VARIANTS",
     "apply_cpu_env",
     "cpu_env",
@@ -47,6 +54,10 @@ __all__ = [
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
 
 SpecVariant = Optional[Literal["topk1", "topk4"]]
+Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM"]
+PairName = Literal["random", "follower", "noisy-follower", "think-follower", "think-follower-mtp"]
+# NGRAM: drafts come from a token trie over the prompts and outputs (no model); a tree of 8 draft tokens, breadth <= 2.
+NGRAM_ARGS: dict[str, int] = {"speculative_num_draft_tokens": 8, "speculative_ngram_max_bfs_breadth": 2}
 SPEC_VARIANTS: dict[str, dict[str, int]] = {
     "topk1": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
     "topk4": {"speculative_num_steps": 3, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
@@ -57,8 +68,10 @@ SPEC_VARIANTS: dict[str, dict[str, int]] = {
 class EngineConfig:
     """One engine configuration; equal configs can share a running engine."""
 
-    pair: Literal["random", "follower", "noisy-follower"] = "random"
+    pair: PairName = "random"
     spec: SpecVariant = "topk1"
+    algorithm: Algorithm = "EAGLE3"  # ignored when spec is None
+    reasoning_parser: Optional[str] = None  # --reasoning-parser (e.g. "deepseek-r1" with the think-follower models)
     overlap: bool = True
     product_plugin: bool = False  # False sets SGLANG_EAGLE_OVERLAP=0 (the product plugin honours it)
     vocab_size: int = 4096
@@ -66,9 +79,11 @@ class EngineConfig:
     extra: tuple[tuple[str, Any], ...] = ()  # further sglang.Engine keyword arguments
 
     def describe(self) -> str:
+        spec = f"{self.algorithm}-{self.spec}" if self.spec else "nospec"
         return (
-            f"{self.pair}-{self.spec or 'nospec'}-{'overlap' if self.overlap else 'sync'}"
+            f"{self.pair}-{spec}-{'overlap' if self.overlap else 'sync'}"
             f"-{'product' if self.product_plugin else 'stock'}"
+            + (f"-reasoning-{self.reasoning_parser}" if self.reasoning_parser else "")
         )
 
 
@@ -77,6 +92,12 @@ NOISY_FOLLOWER_NOISE = 0.15
 
 
 def model_pair(cfg: EngineConfig) -> models.ModelPair:
+    """Target and draft paths for ``cfg`` (``draft`` is "" when the algorithm needs no draft model)."""
+    if cfg.pair in ("think-follower", "think-follower-mtp"):
+        return _think_pair(cfg)
+    if cfg.spec is not None and cfg.algorithm != "EAGLE3":
+        raise ValueError(f"pair {cfg.pair!r} has an EAGLE3 draft only; algorithm {cfg.algorithm} needs a "
+                         "think-follower pair")
     if cfg.pair == "follower":
         return models.build_follower_pair(cfg.vocab_size)
     if cfg.pair == "noisy-follower":
@@ -84,6 +105,25 @@ def model_pair(cfg: EngineConfig) -> models.ModelPair:
     if cfg.pair == "random":
         return models.build_random_pair(cfg.vocab_size)
     raise ValueError(f"unknown model pair {cfg.pair!r}; expected 'random', 'follower' or 'noisy-follower'")
+
+
+def _think_pair(cfg: EngineConfig) -> models.ModelPair:
+    m = models.build_think_follower_models(cfg.vocab_size)
+    mtp = cfg.pair == "think-follower-mtp"
+    target = m.mtp_target if mtp else m.target
+    drafts = {"EAGLE": m.eagle_draft, "STANDALONE": m.standalone_draft, "NGRAM": ""}
+    if cfg.spec is None:
+        draft = ""
+    elif mtp:
+        if cfg.algorithm != "NEXTN":
+            raise ValueError(f"think-follower-mtp runs NEXTN (its MTP layer is the draft), not {cfg.algorithm}")
+        draft = m.mtp_target
+    elif cfg.algorithm in drafts:
+        draft = drafts[cfg.algorithm]
+    else:
+        raise ValueError(f"think-follower runs EAGLE, STANDALONE or NGRAM (NEXTN: think-follower-mtp), not "
+                         f"{cfg.algorithm}")
+    return models.ModelPair(target, draft, m.vocab_size, m.eos_token_id, m.chain)
 
 
 def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> dict[str, str]:
@@ -133,8 +173,15 @@ def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) ->
         disable_overlap_schedule=not cfg.overlap,
         log_level="warning",
     )
-    if cfg.spec is not None:
-        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=pair.draft, **SPEC_VARIANTS[cfg.spec])
+    if cfg.spec is not None and cfg.algorithm == "NGRAM":
+        # NGRAM's memory check counts the machine's free memory before the model load against this fraction (0.05
+        # failed when other processes held memory); the pool itself stays max_total_tokens.
+        kw.update(speculative_algorithm="NGRAM", mem_fraction_static=0.3, **NGRAM_ARGS)
+    elif cfg.spec is not None:
+        kw.update(speculative_algorithm=cfg.algorithm, speculative_draft_model_path=pair.draft,
+                  **SPEC_VARIANTS[cfg.spec])
+    if cfg.reasoning_parser:
+        kw.update(reasoning_parser=cfg.reasoning_parser)
     kw.update(dict(cfg.extra))
     return kw
 

@@ -22,6 +22,13 @@ every EAGLE3 auxiliary hidden state, is the embedding of the current token; its 
 draft's ``fc`` copies one auxiliary state, its MLP maps slot(t) to slot(succ[t]) (one step along the chain), and its
 lm_head again maps slot(t) to succ[t]; since the draft's hidden output feeds its next step, each draft step moves one
 token further along the chain.
+
+* :func:`build_think_follower_models` - one "reasoning" chain (two thinking tokens, ``</think>``, a newline, then
+  :data:`FOLLOWER_DOCUMENT`, then eos) written by several follower models, one per speculative algorithm: a Llama
+  target, an EAGLE-2 draft (``LlamaForCausalLMEagle``), a small standalone Llama draft (``STANDALONE``), and an
+  MTP-style model (``MiMoForCausalLM`` with one MTP layer in the same checkpoint, which SGLang loads as ``MiMoMTP``
+  for ``--speculative-algorithm NEXTN``). NGRAM needs no draft model. The tokenizer has ``<think>`` / ``</think>`` as
+  single (non-special) added tokens, so ``--reasoning-parser deepseek-r1`` finds the end-of-thinking token.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ __all__ = [
     "build_tokenizer",
     "build_random_pair",
     "build_follower_pair",
+    "AlgorithmModels",
+    "THINK_END",
+    "build_think_follower_models",
+    "think_follower_chain",
     "cache_root",
 ]
 
@@ -179,26 +190,33 @@ def _corpus(seed: int, n_docs: int) -> Iterator[str]:
 # --- tokenizer -----------------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(vocab_size: int = 4096, seed: int = 0) -> Path:
-    """Directory of a saved ``PreTrainedTokenizerFast`` with ``vocab_size`` tokens in total (specials included)."""
+def build_tokenizer(vocab_size: int = 4096, seed: int = 0, extra_tokens: tuple[str, ...] = ()) -> Path:
+    """Directory of a saved ``PreTrainedTokenizerFast`` with ``vocab_size`` tokens in total (specials included).
+
+    ``extra_tokens`` are added as single, non-special tokens (decoded into the text, matched whole by ``encode``) on
+    top of a BPE trained to ``vocab_size - len(extra_tokens)``, so the total stays ``vocab_size``.
+    """
 
     def build(out: Path) -> None:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
         from transformers import PreTrainedTokenizerFast
 
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
+        base_size = vocab_size - len(extra_tokens)
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
+            vocab_size=base_size,
             special_tokens=SPECIAL_TOKENS,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
         n_docs = 4000 if vocab_size <= 8192 else 20000
         tok.train_from_iterator(_corpus(seed, n_docs), trainer=trainer)
-        if tok.get_vocab_size() < vocab_size:
-            tok = _pad_vocab(tok, vocab_size, seed)
+        if tok.get_vocab_size() < base_size:
+            tok = _pad_vocab(tok, base_size, seed)
+        if extra_tokens:
+            tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra_tokens])
         fast = PreTrainedTokenizerFast(
             tokenizer_object=tok,
             eos_token=EOS,
@@ -210,7 +228,8 @@ def build_tokenizer(vocab_size: int = 4096, seed: int = 0) -> Path:
         fast.model_max_length = 2048
         fast.save_pretrained(str(out))
 
-    return _cached(_key("tokenizer", vocab_size=vocab_size, seed=seed), build)
+    extra = {"extra_tokens": list(extra_tokens)} if extra_tokens else {}
+    return _cached(_key("tokenizer", vocab_size=vocab_size, seed=seed, **extra), build)
 
 
 def _pad_vocab(tok, vocab_size: int, seed: int):
@@ -466,3 +485,237 @@ def build_follower_pair(vocab_size: int = 4096, seed: int = 0, num_layers: int =
 
     root = _cached(_key("follower-pair", vocab_size=vocab_size, seed=seed, layers=num_layers, noise=noise), build)
     return ModelPair(str(root / "target"), str(root / "draft"), n_vocab, eos_id, tuple(chain))
+
+
+# --- one reasoning chain, one follower model per speculative algorithm ---------------------------------------------
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+# Two-token thinking texts tried in order; the first that tokenizes to exactly two tokens sharing none with the rest of
+# the chain is used, so ``</think>`` is always output token 2: the second draft of the first verify window (topk 1,
+# 3 steps), i.e. accepted in the middle of a draft window with a draft after it.
+_THINK_TEXTS = ("Let me", "I see", "So then", "Okay now", "Well then", "We can")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmModels:
+    """The think-follower models (see :func:`build_think_follower_models`); paths are model directories."""
+
+    target: str  # LlamaForCausalLM follower (EAGLE, STANDALONE and NGRAM target)
+    eagle_draft: str  # LlamaForCausalLMEagle (EAGLE-2) draft of ``target``
+    standalone_draft: str  # small LlamaForCausalLM follower, a STANDALONE draft of ``target``
+    mtp_target: str  # MiMoForCausalLM + one MTP layer in the same checkpoint (NEXTN: draft path = this path)
+    vocab_size: int
+    eos_token_id: int
+    think_end_id: int
+    chain: tuple[int, ...]  # the token ids every model here writes after a prompt, ending with eos
+    think_end_index: int  # position of </think> in ``chain``
+
+
+def think_follower_chain(tok_dir: Path) -> tuple[list[int], int]:
+    """``(chain, index of </think>)``: 2 thinking tokens, ``</think>``, ``\\n``, the follower document (no eos).
+
+    Every token in the chain is distinct (a bigram follower needs that); the newline right after ``</think>`` is there
+    so that a grammar applied one token late would let it through (JSON does not start with whitespace here).
+    """
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    end_ids = tok.encode(THINK_END, add_special_tokens=False)
+    if len(end_ids) != 1:
+        raise RuntimeError(f"{THINK_END!r} must be one token, got {end_ids}")
+    tail = tok.encode("\n", add_special_tokens=False) + tok.encode(follower_text(), add_special_tokens=False)
+    for text in _THINK_TEXTS:
+        think = tok.encode(text, add_special_tokens=False)
+        chain = think + end_ids + tail
+        if len(think) == 2 and len(set(chain)) == len(chain):
+            if len(chain) + 2 > HIDDEN:
+                raise RuntimeError(f"think-follower chain has {len(chain)} tokens; at most {HIDDEN - 2} fit")
+            return chain, len(think)
+    raise RuntimeError(f"no thinking text in {_THINK_TEXTS} tokenizes to 2 tokens distinct from {tail}")
+
+
+def _follower_weights(chain: list[int], n_vocab: int, second: dict[int, int]):
+    """(embedding, lm_head) of a bigram follower over ``chain`` (see the module docstring).
+
+    ``second`` maps a state token to a token whose logit is 0.5 (the chain successor has 1.0): what greedy decoding
+    picks when a grammar masks the successor out. Key -1 is the null slot (every token outside the chain).
+    """
+    import torch
+
+    H = HIDDEN
+    null_slot = H - 1
+    slot = {t: i for i, t in enumerate(chain)}
+
+    def code(t: int) -> torch.Tensor:
+        v = torch.zeros(H)
+        v[slot.get(t, null_slot)] = 1.0
+        return v
+
+    embed = torch.stack([code(t) for t in range(n_vocab)])
+    head = torch.zeros(n_vocab, H)
+    for i in range(len(chain) - 1):
+        head[chain[i + 1], slot[chain[i]]] = 1.0
+    head[chain[0], null_slot] = 1.0
+    for state, alt in second.items():
+        head[alt, null_slot if state == -1 else slot[state]] = 0.5
+    return embed, head
+
+
+def _copy_tokenizer(tok_dir: Path, out: Path) -> None:
+    for f in tok_dir.iterdir():
+        if f.is_file() and not f.name.startswith(".") and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+
+
+def _save_eagle2_draft(out: Path, tok_dir: Path, n_vocab: int, eos_id: int, pad_id: int, embed, seed: int) -> None:
+    """``LlamaForCausalLMEagle`` (EAGLE-2): ``fc`` keeps only the token embedding of cat(embedding, target hidden), the
+    layer adds nothing (zero ``o_proj`` / ``down_proj``), and SGLang gives the draft the target's lm_head, so the
+    draft predicts succ[token] at every step."""
+    import torch
+    from safetensors.torch import save_file
+
+    H, I, kv = HIDDEN, 2 * HIDDEN, 2 * (HIDDEN // 4)
+    gen = torch.Generator().manual_seed(seed + 17)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen) * 0.02
+
+    fc = torch.zeros(H, 2 * H)
+    fc[:, :H] = torch.eye(H)
+    tensors = {
+        "embed_tokens.weight": embed,
+        "fc.weight": fc,
+        "fc.bias": torch.zeros(H),
+        "layers.0.self_attn.q_proj.weight": rnd(H, H),
+        "layers.0.self_attn.k_proj.weight": rnd(kv, H),
+        "layers.0.self_attn.v_proj.weight": rnd(kv, H),
+        "layers.0.self_attn.o_proj.weight": torch.zeros(H, H),
+        "layers.0.post_attention_layernorm.weight": torch.ones(H),
+        "layers.0.mlp.gate_proj.weight": rnd(I, H),
+        "layers.0.mlp.up_proj.weight": rnd(I, H),
+        "layers.0.mlp.down_proj.weight": torch.zeros(H, I),
+    }
+    config = {
+        "architectures": ["LlamaForCausalLMEagle"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": H // 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "vocab_size": n_vocab,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    _copy_tokenizer(tok_dir, out)
+
+
+def _save_mimo_mtp(out: Path, tok_dir: Path, n_vocab: int, eos_id: int, pad_id: int, embed, head, seed: int,
+                   layers: int = 2) -> None:
+    """``MiMoForCausalLM`` (Qwen2 layers) follower + one MTP layer (``model.mtp_layers.0.*``) in one checkpoint.
+
+    The target's layers add nothing (zero ``o_proj`` / ``down_proj``), so its logits are lm_head(norm(embedding)):
+    succ[token]. The MTP layer's ``input_proj`` keeps only the token half of cat(hidden_norm(h), token_norm(e)), its
+    decoder block adds nothing, and it shares the target's embedding and lm_head, so it predicts succ[token] too.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    H, I, kv = HIDDEN, 2 * HIDDEN, 2 * (HIDDEN // 4)
+    config = Qwen2Config(
+        vocab_size=n_vocab, hidden_size=H, intermediate_size=I, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None,
+        use_sliding_window=False, torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state["model.embed_tokens.weight"] = embed.clone()
+    state["lm_head.weight"] = head.clone()
+    for i in range(layers):
+        state[f"model.layers.{i}.self_attn.o_proj.weight"] = torch.zeros(H, H)
+        state[f"model.layers.{i}.mlp.down_proj.weight"] = torch.zeros(H, I)
+    gen = torch.Generator().manual_seed(seed + 19)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen) * 0.02
+
+    proj = torch.zeros(H, 2 * H)
+    proj[:, H:] = torch.eye(H)
+    mtp = "model.mtp_layers.0."
+    state.update({
+        mtp + "token_layernorm.weight": torch.ones(H),
+        mtp + "hidden_layernorm.weight": torch.ones(H),
+        mtp + "input_proj.weight": proj,
+        mtp + "final_layernorm.weight": torch.ones(H),
+        mtp + "input_layernorm.weight": torch.ones(H),
+        mtp + "post_attention_layernorm.weight": torch.ones(H),
+        mtp + "self_attn.q_proj.weight": rnd(H, H),
+        mtp + "self_attn.q_proj.bias": torch.zeros(H),
+        mtp + "self_attn.k_proj.weight": rnd(kv, H),
+        mtp + "self_attn.k_proj.bias": torch.zeros(kv),
+        mtp + "self_attn.v_proj.weight": rnd(kv, H),
+        mtp + "self_attn.v_proj.bias": torch.zeros(kv),
+        mtp + "self_attn.o_proj.weight": torch.zeros(H, H),
+        mtp + "mlp.gate_proj.weight": rnd(I, H),
+        mtp + "mlp.up_proj.weight": rnd(I, H),
+        mtp + "mlp.down_proj.weight": torch.zeros(H, I),
+    })
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = config.to_dict()
+    cfg.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _copy_tokenizer(tok_dir, out)
+
+
+def build_think_follower_models(vocab_size: int = 4096, seed: int = 0) -> AlgorithmModels:
+    """Build (cached) every think-follower model; see :class:`AlgorithmModels` and the module docstring.
+
+    Greedy behaviour of every target here: after any prompt it writes the chain (2 thinking tokens, ``</think>``,
+    ``\\n``, :data:`FOLLOWER_DOCUMENT`, eos). Second choices (used when a grammar masks the successor out): after
+    ``</think>`` and after a token outside the chain, the document's first token; so a JSON-schema request writes the
+    document, and one with ``require_reasoning`` writes the thinking tokens, ``</think>``, then the document without the
+    newline.
+    """
+    tok_dir = build_tokenizer(vocab_size, seed, extra_tokens=(THINK_START, THINK_END))
+    n_vocab, eos_id, pad_id = _special_ids(tok_dir)
+    chain_wo_eos, think_end_index = think_follower_chain(tok_dir)
+    chain = chain_wo_eos + [eos_id]
+    think_end_id = chain[think_end_index]
+    doc_first = chain[think_end_index + 2]
+
+    def build(out: Path) -> None:
+        embed, head = _follower_weights(chain, n_vocab, {think_end_id: doc_first, -1: doc_first})
+        state = {"model.embed_tokens.weight": embed, "lm_head.weight": head}
+        import torch
+
+        for layers, name in ((4, "target"), (2, "standalone")):
+            st = dict(state)
+            for i in range(layers):
+                st[f"model.layers.{i}.self_attn.o_proj.weight"] = torch.zeros(HIDDEN, HIDDEN)
+                st[f"model.layers.{i}.mlp.down_proj.weight"] = torch.zeros(HIDDEN, 2 * HIDDEN)
+            _save_target(out / name, tok_dir, _llama_config(n_vocab, eos_id, pad_id, layers), st, seed)
+        _save_eagle2_draft(out / "eagle2", tok_dir, n_vocab, eos_id, pad_id, embed, seed)
+        _save_mimo_mtp(out / "mimo-mtp", tok_dir, n_vocab, eos_id, pad_id, embed, head, seed)
+
+    root = _cached(_key("think-follower", vocab_size=vocab_size, seed=seed), build)
+    return AlgorithmModels(
+        target=str(root / "target"), eagle_draft=str(root / "eagle2"), standalone_draft=str(root / "standalone"),
+        mtp_target=str(root / "mimo-mtp"), vocab_size=n_vocab, eos_token_id=eos_id, think_end_id=think_end_id,
+        chain=tuple(chain), think_end_index=think_end_index,
+    )

@@ -13,7 +13,8 @@ Every adjustment below is a workaround for running on CPU, not product behaviour
   "Unsupported device: cpu"; the 0.5.23 backend-level static variant raises too);
 * 0.5.16 only: ``IntelAMXAttnBackend.forward_extend``/``forward_decode`` overwrite the sequence lengths they derived
   (verify prefix + draft, draft-decode per-branch lengths) with ``forward_batch.seq_lens``; ``overlap_utils`` calls
-  ``record_stream`` on CPU tensors unguarded;
+  ``record_stream`` on CPU tensors unguarded; NGRAM's JIT-built C++ corpus (``jit_kernel/csrc/ngram_corpus``) uses
+  ``size_t`` without including ``<cstddef>`` (0.5.23's copy includes it), which this machine's g++ rejects;
 * counters of the scheduler's overlap decisions for grammar decode batches and of SGLang's idle memory-leak checks
   (:mod:`.stats`);
 * tests only (``SGLANG_EO_FAULTS=1``): faults injected into the plugin's tree-mask build (:mod:`.faults`).
@@ -117,6 +118,8 @@ def load() -> None:
             "0.5.16 draft-decode seq-lens overwrite",
         )
         reg("torch.Tensor.record_stream", _record_stream_skip_cpu, HookType.AROUND, "0.5.16 unguarded record_stream")
+        reg("sglang.jit_kernel.utils.load_jit", _load_jit_with_cstddef, HookType.AROUND,
+            "0.5.16 NGRAM corpus C++ missing <cstddef>")
     reg(
         "sglang.srt.managers.scheduler_components.invariant_checker.SchedulerInvariantChecker._check_req_pool",
         stats.count_idle_memory_check,
@@ -218,6 +221,13 @@ def _decode_with_draft_seq_lens(original, self, q, k, v, layer, forward_batch, *
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     with _swap_seq_lens(forward_batch, meta[1]):
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+
+def _load_jit_with_cstddef(original, *args, **kwargs):
+    """Build the NGRAM corpus with ``-include cstddef`` (its ``result.h`` needs ``size_t``); other kernels unchanged."""
+    if args and args[0] == "ngram_corpus":
+        kwargs["extra_cflags"] = list(kwargs.get("extra_cflags") or []) + ["-include", "cstddef"]
+    return original(*args, **kwargs)
 
 
 def _record_stream_skip_cpu(original, tensor, *args, **kwargs):

@@ -22,9 +22,11 @@ From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> `
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
+from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration.requests import (
     abort_mask_failed,
@@ -36,8 +38,12 @@ from sglang_eagle_overlap.integration.requests import (
 )
 from sglang_eagle_overlap.integration.runtime import Runtime
 
+logger = logging.getLogger("sglang_eagle_overlap")
+
 __all__ = [
+    "BAND",
     "EAGLE_FAMILY",
+    "announce_stand_aside",
     "VerifyStep",
     "accept_prefill_token",
     "accept_tokens",
@@ -50,8 +56,11 @@ __all__ = [
     "keeps_overlap",
 ]
 
-# Algorithms whose verify runs through ``eagle_worker_common.run_eagle_verify`` (EAGLEWorkerV2 and subclasses).
-EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
+BAND = "0.5.16"
+# Algorithms whose grammar decode batches stay in the overlap: those whose verify runs through
+# ``eagle_worker_common.run_eagle_verify`` (EAGLE, EAGLE3, STANDALONE; NEXTN arrives resolved to EAGLE). The decision
+# per algorithm, with its reason, is data in :mod:`sglang_eagle_overlap.support`.
+EAGLE_FAMILY = support.kept_algorithms(BAND)
 
 
 @dataclass(slots=True)
@@ -96,16 +105,26 @@ def keeps_overlap(rt: Runtime, batch: Any, result_queue: Any) -> bool:
     """True: this grammar decode batch may overlap the previous one, because its verify advances the previous batch's
     grammars itself (:func:`advance_queued_results`) before it needs the mask. Records ``result_queue``."""
     rt.result_queue = result_queue
-    keep = (
-        batch is not None
-        and bool(getattr(batch, "has_grammar", False))
-        and batch.forward_mode.is_decode()
-        and is_eagle_family(batch)
-        and can_mask(batch)
-    )
+    if batch is None or not getattr(batch, "has_grammar", False) or not batch.forward_mode.is_decode():
+        return False
+    if not is_eagle_family(batch):
+        announce_stand_aside(rt, batch)  # e.g. NGRAM: SGLang's synchronous grammar path, said once
+        return False
+    keep = can_mask(batch)
     if keep and len(result_queue or ()) > 0:
         rt.step.stats.count("overlap_kept")
     return keep
+
+
+def announce_stand_aside(rt: Runtime, batch: Any) -> None:
+    """Log once per process and algorithm that grammar batches of an algorithm outside the family keep SGLang's own
+    path (counted as ``stand_aside_algorithms``)."""
+    name = algorithm_name(batch)
+    if name and name != "NONE" and name not in rt.announced:
+        rt.announced.add(name)
+        rt.step.stats.count("stand_aside_algorithms")
+        logger.info(support.stand_aside_message(BAND, name))
+        rt.step.write_stats()
 
 
 # -- worker side (run_eagle_verify) ---------------------------------------------------------------------------------

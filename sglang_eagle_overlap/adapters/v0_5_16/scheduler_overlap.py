@@ -6,7 +6,8 @@ grammars and builds the next mask.
 
 How: when :func:`~.band.keeps_overlap` says the batch's verify will advance the previous batch's grammars itself,
 ask the original again with ``batch.has_grammar`` hidden, which drops only the grammar-sync reason and keeps every
-other one (consecutive prefill). ``keeps_overlap`` also records the scheduler's ``result_queue`` on the runtime.
+other one (consecutive prefill). ``keeps_overlap`` also records the scheduler's ``result_queue`` on the runtime, and
+for a grammar batch of an algorithm outside the family (NGRAM) says once that the plugin stands aside.
 
 Upstream state: 0.5.17 has ``ScheduleBatch.grammar_needs_sync()`` / ``supports_grammar_overlap()`` (SG#31488).
 

@@ -30,7 +30,7 @@ from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_
 from sglang_eagle_overlap.integration.runtime import Runtime
 
 __all__ = ["PluginGrammarTree", "advance_grammar_fsm", "build_grammar_vocab_mask", "output_stride",
-           "patched_grammar_tree", "patched_runtime"]
+           "patched_grammar_tree"]
 
 _sglang_tree: List[Any] = [None]  # SGLang's own GrammarTree, used while the runtime is off
 
@@ -162,13 +162,8 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
 
 
 # -- the vendored patch's entry points --------------------------------------------------------------------------------
-def patched_runtime() -> Runtime:
-    """The runtime of a patched SGLang (created from the environment on first use, active)."""
-    return runtime.for_patched_sglang()
-
-
 def patched_grammar_tree(sglang_cls: Any) -> Any:
-    """Called by the patched ``spec_utils`` right after its own ``GrammarTree``: returns the class to use instead."""
+    """Called by the patched ``spec_utils`` right after its own ``GrammarTree`` (only when the patched SGLang's
+    runtime is on): returns the class to use instead; SGLang's own stays the fallback while no runtime is active."""
     capture_sglang_tree(sglang_cls)
-    patched_runtime()
     return PluginGrammarTree
