@@ -12,20 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from sglang_eo_dev.helpers.scripts import loaded_script
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_gpu_constrained.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu_constrained", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from loaded_script(BENCH, "bench_gpu_constrained")
 
 
 def _out(tokens: int, verify: int) -> dict:

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from sglang_eo_dev.helpers.scripts import loaded_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tl():
-    spec = importlib.util.spec_from_file_location("bench_timeline", ROOT / "benchmarks" / "timeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from loaded_script(ROOT / "benchmarks" / "timeline.py", "bench_timeline")
 
 
 def test_interpolate_hits_points_and_extrapolates_linearly(tl):

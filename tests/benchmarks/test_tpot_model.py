@@ -4,25 +4,18 @@ structure of its levers. No engine, no SGLang, no timing."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from sglang_eo_dev.helpers.scripts import loaded_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tm():
-    spec = importlib.util.spec_from_file_location("bench_tpot_model", ROOT / "benchmarks" / "tpot_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
+    yield from loaded_script(ROOT / "benchmarks" / "tpot_model.py", "bench_tpot_model")
 
 
 def test_calibration_reproduces_every_measured_cell_within_10_percent(tm):

@@ -15,7 +15,6 @@ drafts are accepted several tokens at a time, and grammar-forced tokens make dra
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -24,7 +23,6 @@ from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
 
 from .common import EBNF, REGEX, output_ids
 
-PLUGIN_STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
 REASONING_PARSER = "deepseek-r1"
 ALGORITHMS = ("EAGLE", "NEXTN", "STANDALONE", "NGRAM")
 PARAMS = {"temperature": 0.0, "max_new_tokens": 48}
@@ -138,14 +136,7 @@ def run(engine_pool: Any, cfg: EngineConfig) -> Run:
     key = ("algorithms", cfg)
     if key in engine_pool.cache:
         return engine_pool.cache[key]
-    stats_path = os.path.join(engine_pool.tmp_dir, f"algo-plugin-stats-{cfg.describe()}.json")
-    if os.path.exists(stats_path):
-        os.remove(stats_path)
-    os.environ[PLUGIN_STATS_ENV] = stats_path  # read by the spawned scheduler when it starts
-    try:
-        engine = engine_pool.get(cfg)
-    finally:
-        os.environ.pop(PLUGIN_STATS_ENV, None)  # later engine starts must not write to this path
+    engine, read_plugin_stats = engine_pool.get_with_plugin_stats(cfg, "algo")
     outputs = {}
     for name, case in CASES.items():
         if case.one_by_one:
@@ -154,10 +145,7 @@ def run(engine_pool: Any, cfg: EngineConfig) -> Run:
         else:
             res = engine.generate(prompt=list(case.prompts), sampling_params=list(case.params), **dict(case.kwargs))
         outputs[name] = [_output(r) for r in res]
-    plugin_stats = None
-    if os.path.exists(stats_path):
-        with open(stats_path) as f:
-            plugin_stats = json.load(f)
+    plugin_stats = read_plugin_stats()
     result = Run(outputs=outputs, plugin_stats=plugin_stats, runtime=engine_pool.stats())
     engine_pool.cache[key] = result
     return result

@@ -92,6 +92,30 @@ class EnginePool:
         self.cfg = cfg
         return self.engine
 
+    def get_with_plugin_stats(self, cfg, tag: str):
+        """:meth:`get`, with the product plugin of a newly started engine writing its stats file to a fresh path
+        (``SGLANG_EAGLE_OVERLAP_STATS_FILE``, read by the spawned scheduler when it starts and unset right after, so
+        later engines never write there). Returns ``(engine, read_plugin_stats)``; the reader gives the file's JSON,
+        or None if the plugin never wrote it."""
+        import json
+
+        path = os.path.join(self.tmp_dir, f"{tag}-plugin-stats-{cfg.describe()}.json")
+        if os.path.exists(path):
+            os.remove(path)
+        os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = path
+        try:
+            engine = self.get(cfg)
+        finally:
+            os.environ.pop("SGLANG_EAGLE_OVERLAP_STATS_FILE", None)
+
+        def read() -> Optional[dict[str, Any]]:
+            if not os.path.exists(path):
+                return None
+            with open(path) as f:
+                return json.load(f)
+
+        return engine, read
+
     def stats(self) -> dict[str, Any]:
         from sglang_eo_dev.cpu_runtime.stats import read_stats
 

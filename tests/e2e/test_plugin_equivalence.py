@@ -15,7 +15,6 @@ on/off) = 10, one at a time (the pool keeps one engine).
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -27,7 +26,6 @@ from .common import EBNF, GREEDY, PROMPTS, REGEX, output_ids, schema_str
 
 pytestmark = pytest.mark.engine
 
-PLUGIN_STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
 PARAMS = dict(GREEDY, max_new_tokens=40)
 CASES = {
     "json_schema": (PROMPTS[:3], [dict(PARAMS, json_schema=schema_str(FOLLOWER_SCHEMA))] * 3),
@@ -50,19 +48,9 @@ def _run_all(engine):
 def _run(engine_pool, cfg: EngineConfig):
     key = ("plugin-equivalence", cfg)
     if key not in engine_pool.cache:
-        stats_path = os.path.join(engine_pool.tmp_dir, f"plugin-stats-{cfg.describe()}.json")
-        if os.path.exists(stats_path):
-            os.remove(stats_path)
-        os.environ[PLUGIN_STATS_ENV] = stats_path  # read by the spawned scheduler when it starts
-        try:
-            engine = engine_pool.get(cfg)
-        finally:
-            os.environ.pop(PLUGIN_STATS_ENV, None)  # later engine starts must not write to this path
+        engine, read_plugin_stats = engine_pool.get_with_plugin_stats(cfg, "plugin-equivalence")
         results = _run_all(engine)
-        plugin_stats = None
-        if os.path.exists(stats_path):
-            with open(stats_path) as f:
-                plugin_stats = json.load(f)
+        plugin_stats = read_plugin_stats()
         engine_pool.cache[key] = (results, plugin_stats, engine_pool.stats())
     return engine_pool.cache[key]
 

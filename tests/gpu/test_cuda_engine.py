@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import pytest
 
