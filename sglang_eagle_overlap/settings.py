@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-__all__ = ["ENV", "Settings", "SettingsError"]
+__all__ = ["ENV", "Settings", "SettingsError", "default_mask_threads"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -31,6 +31,13 @@ ENV = {
 }
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
+
+
+def default_mask_threads(cores: Optional[int] = None) -> int:
+    """Fill threads when none are asked for: 1 on <= 2 cores (measured in ``benchmarks/results/grammar_step.md``: the
+    second fill thread competes with the scheduler and loses under load), else half the cores, at most 8."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return 1 if cores <= 2 else min(8, cores // 2)
 
 
 class SettingsError(ValueError):
@@ -58,8 +65,6 @@ class Settings:
         if enabled_raw not in _OFF + _ON:
             raise SettingsError(f"{ENV['enabled']}={env.get(ENV['enabled'])!r}: expected 1 / 0 (or on / off)")
         threads_raw = get("mask_threads")
-        from sglang_eagle_overlap.core.mask import default_mask_threads
-
         threads = default_mask_threads() if not threads_raw else _number(ENV["mask_threads"], threads_raw, int, 1)
         limit_raw = get("mask_time_limit_ms")
         limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)

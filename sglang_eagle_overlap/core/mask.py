@@ -41,12 +41,13 @@ This module imports torch and xgrammar only.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, List, Literal, Optional, Protocol, Sequence, Tuple
 
 import torch
+
+from sglang_eagle_overlap.settings import default_mask_threads
 
 __all__ = [
     "MaskRequest",
@@ -97,13 +98,6 @@ class TreeMask:
 
 def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
-
-
-def default_mask_threads(cores: Optional[int] = None) -> int:
-    """Fill threads when none are asked for: 1 on <= 2 cores (measured in ``benchmarks/results/grammar_step.md``: the
-    second fill thread competes with the scheduler and loses under load), else half the cores, at most 8."""
-    cores = cores if cores is not None else (os.cpu_count() or 1)
-    return 1 if cores <= 2 else min(8, cores // 2)
 
 
 class TreeMaskBuilder:
