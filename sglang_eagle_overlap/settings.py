@@ -11,6 +11,8 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 | ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` | JSON stats file rewritten every verify step (tests, debugging) | none |
 | ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` | seconds between the INFO summary lines | 30 |
 | ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
+| ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the barrier advance and the mask build run on a grammar thread started \
+before the target-verify launch, joined before sampling; ``0``: inline on the scheduler thread after the launch | 1 |
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ENV = {
     "stats_file": "SGLANG_EAGLE_OVERLAP_STATS_FILE",
     "log_interval_s": "SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S",
     "timeline_file": "SGLANG_EAGLE_OVERLAP_TIMELINE_FILE",
+    "grammar_thread": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD",
 }
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
@@ -52,6 +55,7 @@ class Settings:
     stats_file: Optional[str] = None
     log_interval_s: float = 30.0
     timeline_file: Optional[str] = None
+    grammar_thread: bool = True
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Settings":
@@ -68,6 +72,10 @@ class Settings:
         threads = default_mask_threads() if not threads_raw else _number(ENV["mask_threads"], threads_raw, int, 1)
         limit_raw = get("mask_time_limit_ms")
         limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
+        thread_raw = (get("grammar_thread") or "").lower()
+        if thread_raw not in _OFF + _ON:
+            raise SettingsError(
+                f"{ENV['grammar_thread']}={env.get(ENV['grammar_thread'])!r}: expected 1 / 0 (or on / off)")
         interval_raw = get("log_interval_s")
         interval = 30.0 if not interval_raw else _number(ENV["log_interval_s"], interval_raw, float, 0.0)
         return cls(
@@ -77,6 +85,7 @@ class Settings:
             stats_file=get("stats_file") or None,
             log_interval_s=float(interval),
             timeline_file=get("timeline_file") or None,
+            grammar_thread=thread_raw not in _OFF,
         )
 
 

@@ -78,8 +78,10 @@ def test_grammar_timer_closes_region_on_exception():
 def test_step_clock_records_only_decode_to_decode_intervals():
     clock = FakeClock()
     timer = step_times.GrammarTimer(clock)
-    sc = step_times.StepClock(timer, clock)
+    forward = step_times.GrammarTimer(clock, marker="__eo_forward_timed__")
+    sc = step_times.StepClock(timer, clock, forward=forward)
     region = timer.wrap(lambda dt: setattr(clock, "t", clock.t + dt))
+    fwd = forward.wrap(lambda dt: setattr(clock, "t", clock.t + dt))
 
     assert sc.launch(is_decode=False, bs=8) is False  # prefill
     clock.t = 1.0
@@ -87,6 +89,7 @@ def test_step_clock_records_only_decode_to_decode_intervals():
     clock.t = 1.010
     sc.launched()  # run_batch took 10 ms
     region(0.002)  # grammar work in this iteration
+    fwd(0.005)  # the model forward in this iteration
     clock.t = 1.030
     assert sc.launch(is_decode=True, bs=8) is True
     clock.t = 1.045
@@ -99,9 +102,25 @@ def test_step_clock_records_only_decode_to_decode_intervals():
     assert sc.launch(is_decode=True, bs=16) is True
 
     assert len(sc.steps) == 2
-    (s0, g0, r0, b0), (s1, g1, r1, b1) = sc.steps
-    assert (s0, g0, r0, b0) == pytest.approx((30.0, 2.0, 10.0, 8.0))
-    assert (s1, g1, r1, b1) == pytest.approx((40.0, 0.0, 0.0, 16.0))
+    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 5.0])
+    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0])
+
+
+def test_grammar_timer_times_only_its_own_thread():
+    """The product plugin's grammar thread calls wrapped regions (SGLang's barrier -> advance_grammar_fsm): they must
+    not count as scheduler-thread time, nor corrupt the owner's nesting."""
+    import threading
+
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+    calls = []
+    region = timer.wrap(lambda dt: (calls.append(threading.get_ident()), setattr(clock, "t", clock.t + dt)))
+    t = threading.Thread(target=region, args=(0.5,))
+    t.start()
+    t.join()
+    region(0.003)
+    assert len(calls) == 2 and calls[0] != calls[1]  # both ran
+    assert timer.total_s == pytest.approx(0.003)
 
 
 def test_summaries_and_ratio():

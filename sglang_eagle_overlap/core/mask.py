@@ -130,6 +130,9 @@ class TreeMaskBuilder:
         self._buf: Optional[torch.Tensor] = None
         self.allocations = 0  # observable: host bitmask buffer (re)allocations
         self.timeouts = 0  # observable: requests that hit the time limit since creation
+        # observable: CPU time of the calling thread inside GIL-free native calls (batched fills) since creation; a
+        # grammar thread's CPU time minus this bounds the GIL time it took from the scheduler thread.
+        self.native_cpu_s = 0.0
 
     # -- buffers -------------------------------------------------------------------------------------------------
     def _bitmask(self, rows: int, width: int) -> torch.Tensor:
@@ -303,7 +306,9 @@ class TreeMaskBuilder:
             k = len(matchers)
             pooled = threaded is not serial and k >= min_fills and k * self._fill_cost_s >= min_work
             t = time.perf_counter()
+            c = time.thread_time()
             (threaded if pooled else serial).batch_fill_next_token_bitmask(matchers, mask, rows_)
+            self.native_cpu_s += time.thread_time() - c  # xgrammar releases the GIL inside batched fills
             per_fill = (time.perf_counter() - t) / k * (self.threads if pooled else 1)
             self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
         mask_np = mask.numpy()

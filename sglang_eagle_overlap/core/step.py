@@ -7,12 +7,24 @@ integration (hooks or a patched SGLang) only translates its objects into these c
 Call order of one verify step (the host's scheduler thread)::
 
     pending = step.copy_tree(next_token, next_sibling, draft)     # 1. before the target-verify launch
+    job = step.start_build(requests, pending, vocab_size=..., barrier=..., allow_timeout=...)
+        # grammar thread on: 2. and 3a. start now on the grammar thread, while the host launches the verify
     ... the host launches the target-verify forward ...
-    mask = step.build_mask(requests, pending, vocab_size=..., device=..., barrier=..., draft_device=...)
+    mask = step.finish_build(job, device=..., draft_device=...)
+        # inline (grammar thread off): 2. and 3a. run here, after the launch, as before
         # 2. barrier(): the previous batch's accepted runs -> step.advance(...) (exactly once each)
-        # 3. wait for the tree copy, build the mask, upload it non-blocking, neutralise unmasked drafts
+        # 3a. wait for the tree copy, build the mask (native fills without the GIL)
+        # 3b. (scheduler thread, after the one join) upload it non-blocking, neutralise unmasked drafts
     ... the host samples with mask.device_mask; it aborts mask.failed requests alone ...
     step.advance(rid, grammar, start, tokens)                      # 4. post-processing: replays what 2 fed
+
+``build_mask`` is ``start_build`` + ``finish_build`` in one call, after the launch (callers that cannot start
+before it). With the grammar thread, 2 and 3a run on one helper thread between ``start_build`` and the join in
+``finish_build``; the scheduler thread must not touch the batch's grammars, the ledger or the verify tree in between
+(in both bands it only launches the target-verify forward there). The join is a happens-before edge: everything the
+grammar thread did is visible to the scheduler thread after it, so 4 sees the ledger as if 2 had run inline. Jobs run
+in submission order on one worker, so two never run at once: a job whose ``finish_build`` never came (the verify
+raised) completes before the next one starts (its error, if any, is dropped with its step).
 
 Invariants: a run of accepted tokens reaches ``grammar.accept_token`` exactly once per (request id, output position),
 whichever of 2 and 4 asks first; the host bitmask buffer is reused only after the previous upload left it; every
@@ -25,7 +37,8 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Dict, Hashable, Optional, Sequence
 
 from sglang_eagle_overlap.core.ledger import (
@@ -40,7 +53,7 @@ from sglang_eagle_overlap.core.stats import StepStats
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
 
-__all__ = ["GrammarStep", "StepMask"]
+__all__ = ["GrammarStep", "MaskJob", "StepMask"]
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -52,6 +65,29 @@ class StepMask:
 
     device_mask: Any
     tree: TreeMask
+
+
+@dataclass(slots=True)
+class MaskJob:
+    """One verify step's grammar work between :meth:`GrammarStep.start_build` and :meth:`GrammarStep.finish_build`.
+
+    Times are filled by whichever thread ran the work: ``advance_s`` (barrier), ``tree_wait_s``, ``build_s``;
+    ``gil_s`` is that thread's CPU time outside GIL-free native fills (grammar thread only; inline it is simply
+    scheduler-thread work). ``submit_s`` is what ``start_build`` cost the scheduler thread."""
+
+    requests: Sequence[MaskRequest]
+    tree: PendingTree
+    vocab_size: int
+    barrier: Optional[Callable[[], Any]] = None
+    allow_timeout: bool = True
+    future: Optional["Future[TreeMask]"] = None
+    advance_s: float = 0.0
+    tree_wait_s: float = 0.0
+    build_s: float = 0.0
+    gil_s: float = 0.0
+    submit_s: float = 0.0
+    tree_nodes: int = 0
+    spans: Dict[str, float] = field(default_factory=dict)
 
 
 class _Inert:
@@ -85,6 +121,7 @@ class GrammarStep:
         stats_file: Optional[str] = None,
         log_interval_s: float = 30.0,
         state: Optional[Callable[[], Dict[str, Any]]] = None,
+        grammar_thread: bool = False,
     ) -> None:
         self.copier = HostTreeCopier()
         self.ledger = AcceptLedger()
@@ -101,6 +138,9 @@ class GrammarStep:
         self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
         self._upload_event: Any = None  # fence: the builder's host buffer is reused by the next build
         self._last_log = float("-inf")
+        # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
+        self.grammar_thread = grammar_thread
+        self._executor: Optional[ThreadPoolExecutor] = None
 
     @property
     def builder(self) -> TreeMaskBuilder:
@@ -144,7 +184,82 @@ class GrammarStep:
         if len(self.ledger) > max(64, 4 * len(live)):
             self.stats.count("ledger_forgets", self.ledger.retain(live))
 
-    # -- 2./3. after the verify launch ---------------------------------------------------------------------------
+    # -- 2./3. the mask build: started before (grammar thread) or after (inline) the verify launch --------------------
+    def start_build(
+        self,
+        requests: Sequence[MaskRequest],
+        tree: PendingTree,
+        *,
+        vocab_size: int,
+        barrier: Optional[Callable[[], Any]] = None,
+        allow_timeout: bool = True,
+    ) -> MaskJob:
+        """Hand the step's grammar work (``barrier()``, tree wait, mask build) to the grammar thread, or, with it
+        off, just record it for :meth:`finish_build`. Call after :meth:`copy_tree`, before the target-verify launch
+        (grammar thread) or anywhere before :meth:`finish_build` (inline). ``allow_timeout=False`` builds without the
+        time limit (callers that cannot neutralise drafts)."""
+        t0 = time.perf_counter()
+        job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
+                      allow_timeout=allow_timeout)
+        if self.grammar_thread:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-eo-grammar")
+            job.future = self._executor.submit(self._run, job, True)
+        job.submit_s = time.perf_counter() - t0
+        return job
+
+    def finish_build(self, job: MaskJob, *, device: Any, draft_device: Any = None) -> StepMask:
+        """Join the step's grammar work (inline: run it now), then, on the scheduler thread, upload the mask
+        non-blocking (fenced by an event) and neutralise the drafts of requests whose rows are not exact (time limit
+        or a failed build). Call after the target-verify launch, before sampling. ``draft_device`` is the device
+        draft-token tensor the sampler will read. On a CPU device the returned mask aliases the builder's buffer:
+        this step's sampling consumes it before the next build. An exception of the work is raised here."""
+        t0 = time.perf_counter()
+        self.probe.on_mask_start(device, t0)
+        threaded = job.future is not None
+        if job.future is not None:
+            result = job.future.result()
+        else:
+            result = self._run(job, False)
+        t_join = time.perf_counter()
+        device_mask = None
+        if result.bitmask is not None:
+            device_mask = result.bitmask.to(device, non_blocking=True)
+            if device_mask.device.type != "cpu":
+                import torch
+
+                self._upload_event = torch.get_device_module(device_mask.device).Event()
+                self._upload_event.record()
+        n = job.tree_nodes
+        unmasked = result.timed_out + [i for i, _ in result.failed]
+        if unmasked and draft_device is not None:
+            neutralize_timed_out_drafts(draft_device, unmasked, n)
+        t3 = time.perf_counter()
+        unhidden = self.probe.on_mask_ready(t3)
+        upload_s = t3 - t_join
+        bs = len(job.requests)
+        if threaded:
+            self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
+                                   unhidden, sched_s=job.submit_s + (t3 - t0), join_wait_s=t_join - t0,
+                                   helper_gil_s=job.gil_s)
+        else:
+            self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
+                                   unhidden, sched_s=job.submit_s + (t3 - t0))
+        self.stats.count("mask_failures", len(result.failed))
+        self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out))
+        tl = self.timeline
+        if tl.enabled:
+            sp = job.spans
+            tl.span("advance", sp["t0"], sp["t1"], bs)
+            tl.span("tree_wait", sp["t1"], sp["t2"], bs)
+            tl.span("mask_build", sp["t2"], sp["t3"], bs)
+            if threaded:
+                tl.span("grammar_join", t0, t_join, bs)
+            tl.span("mask_upload", t_join, t3, bs)
+            tl.point("sample", t3, bs)
+        self.report()
+        return StepMask(device_mask, result)
+
     def build_mask(
         self,
         requests: Sequence[MaskRequest],
@@ -155,53 +270,44 @@ class GrammarStep:
         barrier: Optional[Callable[[], Any]] = None,
         draft_device: Any = None,
     ) -> StepMask:
-        """The grammar work of one verify step. Call after the target-verify launch, before sampling.
+        """:meth:`start_build` + :meth:`finish_build` in one call, after the target-verify launch, always inline:
+        ``barrier()`` -> tree wait -> build -> upload -> neutralise. ``draft_device`` None means the caller cannot
+        neutralise, so the build runs without a time limit."""
+        job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
+                      allow_timeout=draft_device is not None)
+        return self.finish_build(job, device=device, draft_device=draft_device)
 
-        Order: ``barrier()`` (the previous batch's accepted runs into the matchers, through :meth:`advance`) -> wait
-        for the tree copy -> wait until the previous upload left the reused host buffer -> build -> non-blocking
-        upload (fenced by an event) -> neutralise the drafts of requests whose rows are not exact (time limit or a
-        failed build). ``draft_device`` is the device draft-token tensor the sampler will read; None means the caller
-        cannot neutralise, so the build runs without a time limit. On a CPU device the returned mask aliases the
-        builder's buffer: this step's sampling consumes it before the next build."""
+    def _run(self, job: MaskJob, on_helper: bool) -> TreeMask:
+        """The work itself, on whichever thread: barrier -> tree wait -> wait until the previous upload left the
+        reused host buffer -> build."""
+        cpu0 = time.thread_time() if on_helper else 0.0
+        builder = self.builder
+        native0 = builder.native_cpu_s
         t0 = time.perf_counter()
-        self.probe.on_mask_start(device, t0)
-        if barrier is not None:
-            barrier()
+        if job.barrier is not None:
+            job.barrier()
         t1 = time.perf_counter()
-        nxt, sib, draft = tree.resolve()
+        nxt, sib, draft = job.tree.resolve()
         t2 = time.perf_counter()
         if self._upload_event is not None:
             self._upload_event.synchronize()  # normally long done
             self._upload_event = None
         bs, n = nxt.shape[0], nxt.shape[-1]
-        result = self.builder.build(requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
-                                    vocab_size, allow_timeout=draft_device is not None)
-        t_built = time.perf_counter()
-        device_mask = None
-        if result.bitmask is not None:
-            device_mask = result.bitmask.to(device, non_blocking=True)
-            if device_mask.device.type != "cpu":
-                import torch
-
-                self._upload_event = torch.get_device_module(device_mask.device).Event()
-                self._upload_event.record()
-        unmasked = result.timed_out + [i for i, _ in result.failed]
-        if unmasked and draft_device is not None:
-            neutralize_timed_out_drafts(draft_device, unmasked, n)
+        job.tree_nodes = n
+        result = builder.build(job.requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
+                               job.vocab_size, allow_timeout=job.allow_timeout)
         t3 = time.perf_counter()
-        unhidden = self.probe.on_mask_ready(t3)
-        self.stats.record_step(t1 - t0, t2 - t1, t3 - t2, len(result.timed_out), bs, unhidden)
-        self.stats.count("mask_failures", len(result.failed))
-        self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out))
-        tl = self.timeline
-        if tl.enabled:
-            tl.span("advance", t0, t1, bs)
-            tl.span("tree_wait", t1, t2, bs)
-            tl.span("mask_build", t2, t_built, bs)
-            tl.span("mask_upload", t_built, t3, bs)
-            tl.point("sample", t3, bs)
-        self.report()
-        return StepMask(device_mask, result)
+        job.advance_s, job.tree_wait_s, job.build_s = t1 - t0, t2 - t1, t3 - t2
+        job.spans = {"t0": t0, "t1": t1, "t2": t2, "t3": t3}
+        if on_helper:
+            job.gil_s = max(0.0, (time.thread_time() - cpu0) - (builder.native_cpu_s - native0))
+        return result
+
+    def close(self) -> None:
+        """Join the grammar thread (tests; a worker process simply exits)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     # -- reporting -----------------------------------------------------------------------------------------------
     def snapshot(self) -> Dict[str, Any]:
@@ -214,6 +320,10 @@ class GrammarStep:
             "tree_wait_s": s.tree_wait_s,
             "mask_s": s.mask_s,
             "mask_timeouts": s.mask_timeouts,
+            "sched_s": s.sched_s,
+            "join_wait_s": s.join_wait_s,
+            "helper_gil_s": s.helper_gil_s,
+            "grammar_thread": self.grammar_thread,
             "tokens_advanced": self.ledger.tokens_fed,
             "ledger_requests": len(self.ledger),
             "pinned_allocations": self.copier.pinned_allocations,
@@ -235,8 +345,10 @@ class GrammarStep:
             m = s.per_step_ms()
             logger.info(
                 "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait "
-                "%.3f, mask %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; ledger %d requests; %s",
-                s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["unhidden_ms"],
+                "%.3f, mask %.3f), on the scheduler thread %.3f ms (grammar thread %s: join wait %.3f, its GIL time "
+                "<= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; ledger %d requests; %s",
+                s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["sched_ms"],
+                "on" if self.grammar_thread else "off", m["join_wait_ms"], m["helper_gil_ms"], m["unhidden_ms"],
                 s.mask_timeouts, len(self.ledger), s.counters,
             )
         self.write_stats()

@@ -58,6 +58,7 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         stats_file=settings.stats_file,
         log_interval_s=settings.log_interval_s,
         state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
+        grammar_thread=settings.grammar_thread,
     )
     rt = Runtime(settings=settings, step=step, origin=origin)
     holder.append(rt)

@@ -65,6 +65,18 @@ def test_advance_grammar_fsm_contract(loaded):
     assert loaded["targets"][target]
 
 
+# -- hook run_eagle_verify: eagle_worker_common.run_eagle_verify (AROUND) ------------------------------------------
+def test_run_eagle_verify_contract(loaded):
+    p = loaded["pinned"]
+    sig = p["run_eagle_verify"]
+    assert sig.startswith("(batch, ") and "*grammar_barrier" in sig, sig  # the hook reads both
+    assert p["verify_tree_before_forward"] and p["verify_stretch_grammar_free"]
+    assert loaded["targets"]["sglang.srt.speculative.eagle_worker_common.run_eagle_verify"]
+    # uno_worker_v2 does not import on CPU (importable_callers leaves it out); the two EAGLE workers must be hooked.
+    for caller in ("eagle_worker_v2", "multi_layer_eagle_worker_v2"):
+        assert loaded["callers"][f"sglang.srt.speculative.{caller}.run_eagle_verify"], caller
+
+
 def test_overlap_stays_on_for_eagle3_grammar_batches(loaded):
     # 0.5.23 keeps grammar decode batches overlapped for EAGLE/EAGLE3 on its own; the adapter relies on it.
     assert loaded["pinned"]["eagle3_grammar_overlap"] is True

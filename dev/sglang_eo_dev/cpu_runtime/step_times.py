@@ -17,13 +17,17 @@ after ``Scheduler.__init__``, when every class-level hook of every plugin is in 
     ``SchedulerBatchResultProcessor._accept_grammar_tokens`` (post-processing advance);
   - 0.5.23: ``eagle_worker_common.build_grammar_vocab_mask`` (barrier + tree wait + mask),
     ``SchedulerBatchResultProcessor.advance_grammar_fsm`` (post-processing advance, idempotent);
-  - product plugin (when importable): ``GrammarStep.build_mask`` (advance barrier + tree wait + mask).
+  - product plugin (when importable): ``GrammarStep.build_mask`` (advance barrier + tree wait + mask), and with its
+    grammar thread ``GrammarStep.start_build`` / ``finish_build`` (hand-off; join wait + upload).
 
   0.5.16's blocking ``.cpu()`` of the verify tree is inline in ``run_eagle_verify`` and cannot be wrapped; on CPU it
   returns the tensor itself (no copy, no sync), so it costs nothing here anyway.
 
-The file holds ``{"pid", "steps": [[step_ms, grammar_ms, run_batch_ms, bs], ...], "errors": [...]}``, rewritten
-atomically after every recorded step (a few hundred steps per benchmark run).
+* the model forward (``ModelRunner.forward``, draft and target alike): on a CPU engine it is the "GPU work" of the
+  step, run synchronously on the scheduler thread; ``step - forward`` is the scheduler thread's own CPU work.
+
+The file holds ``{"pid", "steps": [[step_ms, grammar_ms, run_batch_ms, bs, forward_ms], ...], "errors": [...]}``,
+rewritten atomically after every recorded step (a few hundred steps per benchmark run).
 """
 
 from __future__ import annotations
@@ -36,19 +40,24 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ["STEP_TIMES_ENV", "GrammarTimer", "StepClock", "install", "read_step_times"]
+__all__ = ["STEP_TIMES_ALL_ENV", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "install", "read_step_times"]
 
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"
+STEP_TIMES_ALL_ENV = "SGLANG_EO_STEP_TIMES_ALL"
 MAX_STEPS = 20000
 
 
 class GrammarTimer:
-    """Wall time spent inside at least one open region (re-entrant, single thread: the scheduler's)."""
+    """Wall time the owner thread (the scheduler's: the one that created the timer) spends inside at least one open
+    region (re-entrant). Calls on other threads -- the product plugin's grammar thread -- pass through untimed: their
+    cost to the scheduler thread shows as the join wait inside a timed region and in the plugin's own GIL figure."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, marker: str = "__eo_grammar_timed__") -> None:
         self._clock = clock
         self._depth = 0
         self._opened = 0.0
+        self._owner = threading.get_ident()
+        self._marker = marker
         self.total_s = 0.0
 
     def enter(self) -> None:
@@ -62,15 +71,19 @@ class GrammarTimer:
             self.total_s += self._clock() - self._opened
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        owner = self._owner
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != owner:
+                return fn(*args, **kwargs)
             self.enter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.exit()
 
-        timed.__eo_grammar_timed__ = True  # type: ignore[attr-defined]
+        setattr(timed, self._marker, True)
         return timed
 
 
@@ -82,10 +95,13 @@ class StepClock:
     time is the :class:`GrammarTimer` total accumulated between the two launches.
     """
 
-    def __init__(self, timer: GrammarTimer, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, timer: GrammarTimer, clock: Callable[[], float] = time.perf_counter,
+                 forward: Optional[GrammarTimer] = None) -> None:
         self.timer = timer
+        self.forward = forward
         self._clock = clock
         self._prev: Optional[tuple[float, float, float, int]] = None  # (launch t, grammar total, run_batch s, bs)
+        self._fwd0 = 0.0
         self._run_s = 0.0
         self.steps: list[list[float]] = []
 
@@ -93,14 +109,17 @@ class StepClock:
         """Returns True when a step was recorded."""
         now = self._clock()
         recorded = False
+        fwd = self.forward.total_s if self.forward is not None else 0.0
         if self._prev is not None and is_decode:
             t0, g0, run_s, prev_bs = self._prev
             if len(self.steps) < MAX_STEPS:
                 self.steps.append(
-                    [(now - t0) * 1e3, (self.timer.total_s - g0) * 1e3, run_s * 1e3, float(prev_bs)]
+                    [(now - t0) * 1e3, (self.timer.total_s - g0) * 1e3, run_s * 1e3, float(prev_bs),
+                     (fwd - self._fwd0) * 1e3]
                 )
                 recorded = True
         self._prev = (now, self.timer.total_s, 0.0, bs) if is_decode else None
+        self._fwd0 = fwd
         self._launched_at = now
         return recorded
 
@@ -117,13 +136,19 @@ _REGIONS_0_5_16 = (
     ("sglang.srt.managers.scheduler_components.batch_result_processor", "SchedulerBatchResultProcessor",
      "_accept_grammar_tokens"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
+    ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
+    ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
 )
 _REGIONS_0_5_23 = (
     ("sglang.srt.speculative.eagle_worker_common", "build_grammar_vocab_mask", None),
     ("sglang.srt.managers.scheduler_components.batch_result_processor", "SchedulerBatchResultProcessor",
      "advance_grammar_fsm"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
+    ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
+    ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
 )
+# The model forward ("GPU work" on a CPU engine: it runs synchronously on the scheduler thread there).
+_FORWARD = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
 _OPTIONAL_MODULE_PREFIX = "sglang_eagle_overlap."  # the product plugin may be absent
 
 
@@ -137,13 +162,13 @@ def _wrap_region(timer: GrammarTimer, module: str, attr: str, method: Optional[s
     if owner is None:
         return f"{module}.{attr} not found"
     if method is None:
-        if not getattr(owner, "__eo_grammar_timed__", False):
+        if not getattr(owner, timer._marker, False):
             setattr(mod, attr, timer.wrap(owner))
         return None
     fn = owner.__dict__.get(method) or getattr(owner, method, None)
     if fn is None:
         return f"{module}.{attr}.{method} not found"
-    if not getattr(fn, "__eo_grammar_timed__", False):
+    if not getattr(fn, timer._marker, False):
         setattr(owner, method, timer.wrap(fn))
     return None
 
@@ -153,7 +178,8 @@ class _Recorder:
         self.path = path
         self.lock = threading.Lock()
         self.timer = GrammarTimer()
-        self.clock = StepClock(self.timer)
+        self.forward = GrammarTimer(marker="__eo_forward_timed__")
+        self.clock = StepClock(self.timer, forward=self.forward)
         self.errors: list[str] = []
 
     def write(self) -> None:
@@ -176,13 +202,27 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
         err = _wrap_region(rec.timer, module, attr, method)
         if err:
             rec.errors.append(f"grammar region not timed: {err}")
+    err = _wrap_region(rec.forward, *_FORWARD)
+    if err:
+        rec.errors.append(f"forward not timed: {err}")
 
     run_batch = scheduler.run_batch
+    # SGLANG_EO_STEP_TIMES_ALL=1: every speculative decode step counts, constrained or not (the scheduler-budget
+    # benchmark compares the two kinds in one engine); otherwise only grammar ones.
+    every_spec = os.environ.get(STEP_TIMES_ALL_ENV) == "1"
+
+    def is_step(batch: Any) -> bool:
+        if not every_spec:
+            return is_grammar_spec_decode(batch)
+        try:
+            return batch is not None and not batch.spec_algorithm.is_none() and batch.forward_mode.is_decode()
+        except AttributeError:
+            return False
 
     def timed_run_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
         with rec.lock:
             bs = len(getattr(batch, "reqs", None) or [])
-            recorded = rec.clock.launch(is_grammar_spec_decode(batch), bs)
+            recorded = rec.clock.launch(is_step(batch), bs)
             if recorded:
                 rec.write()
         try:

@@ -52,6 +52,15 @@ def pinned_facts() -> dict:
         "verify_calls_mask_with_barrier": "build_grammar_vocab_mask(" in verify_src
         and "barrier=grammar_barrier" in verify_src,
         "verify_draft_view": "verify_input.draft_token.view(" in verify_src,
+        "run_eagle_verify": _sig(ewc.run_eagle_verify),
+        # The grammar thread starts at the tree constructor and runs while this stretch of the verify body does: it
+        # must launch the target forward and touch no grammar object.
+        "verify_tree_before_forward": 0 <= verify_src.find("GrammarTree.from_device(")
+        < verify_src.find("target_worker.forward_batch_generation(") < verify_src.find("build_grammar_vocab_mask("),
+        "verify_stretch_grammar_free": not any(
+            w in verify_src[verify_src.find("GrammarTree.from_device("):verify_src.find("build_grammar_vocab_mask(")]
+            for w in ("accept_token", "rollback", "grammar_barrier(", ".grammar.", "fill_vocab_mask")
+        ),
         "barrier_calls_advance": "advance_grammar_fsm(" in inspect.getsource(sched.Scheduler._advance_pending_grammar),
         "eagle3_grammar_overlap": bool(SpeculativeAlgorithm.EAGLE3.supports_grammar_overlap()),
         "result_has_grammar_fields": all(

@@ -5,6 +5,7 @@
 | ``grammar_tree`` | ``spec_utils.GrammarTree`` | REPLACE (class) |
 | ``build_grammar_vocab_mask`` | ``spec_utils.build_grammar_vocab_mask`` | AROUND |
 | ``advance_grammar_fsm`` | ``SchedulerBatchResultProcessor.advance_grammar_fsm`` | AROUND |
+| ``run_eagle_verify`` | ``eagle_worker_common.run_eagle_verify`` | AROUND |
 
 The integration itself is :mod:`.band`, which the vendored patch calls too; the hook modules only translate
 SGLang's calls into it.
@@ -28,7 +29,12 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from sglang_eagle_overlap.adapters.v0_5_23 import advance_grammar_fsm, build_grammar_vocab_mask, grammar_tree
+from sglang_eagle_overlap.adapters.v0_5_23 import (
+    advance_grammar_fsm,
+    build_grammar_vocab_mask,
+    grammar_tree,
+    run_eagle_verify,
+)
 from sglang_eagle_overlap.integration.hooks import BandAdapter, Hook
 
 __all__ = ["ADAPTER", "HOOKS", "Adapter"]
@@ -37,6 +43,7 @@ HOOKS: Tuple[Hook, ...] = (
     grammar_tree.HOOK,
     build_grammar_vocab_mask.HOOK,
     advance_grammar_fsm.HOOK,
+    run_eagle_verify.HOOK,
 )
 
 

@@ -20,19 +20,29 @@ From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 import torch
 
+from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, committed_runs, mask_requests
 from sglang_eagle_overlap.integration.runtime import Runtime
 
-__all__ = ["PluginGrammarTree", "advance_grammar_fsm", "build_grammar_vocab_mask", "output_stride",
-           "patched_grammar_tree"]
+__all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "build_grammar_vocab_mask", "output_stride",
+           "patched_grammar_tree", "start_grammar_job"]
 
 _sglang_tree: List[Any] = [None]  # SGLang's own GrammarTree, used while the runtime is off
+
+
+@dataclass(slots=True)
+class VerifyContext:
+    """The ``run_eagle_verify`` call in progress (grammar thread on): its batch and SGLang's grammar barrier."""
+
+    batch: Any
+    barrier: Any = None
 
 
 class PluginGrammarTree:
@@ -43,11 +53,13 @@ class PluginGrammarTree:
     SGLang's. ``draft_device`` is the caller's draft-token tensor (EAGLE trees), which the mask step may overwrite
     to neutralise unmasked drafts; None for trees whose candidates the caller owns (``from_host``, chains)."""
 
-    __slots__ = ("pending", "draft_device")
+    __slots__ = ("pending", "draft_device", "job")
 
-    def __init__(self, pending: PendingTree, draft_device: Optional[torch.Tensor] = None) -> None:
+    def __init__(self, pending: PendingTree, draft_device: Optional[torch.Tensor] = None,
+                 job: Optional[MaskJob] = None) -> None:
         self.pending = pending
         self.draft_device = draft_device
+        self.job = job  # the grammar thread's job for this tree, started before the verify launch
 
     @staticmethod
     def sglang_class() -> Any:
@@ -65,7 +77,9 @@ class PluginGrammarTree:
         rt = runtime.active()
         if rt is None:
             return cls.sglang_class().from_device(retrieve_next_token, retrieve_next_sibling, draft_token)
-        return cls(rt.step.copy_tree(retrieve_next_token, retrieve_next_sibling, draft_token), draft_token)
+        tree = cls(rt.step.copy_tree(retrieve_next_token, retrieve_next_sibling, draft_token), draft_token)
+        tree.job = start_grammar_job(rt, tree)
+        return tree
 
     @classmethod
     def from_host(cls, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
@@ -91,6 +105,18 @@ class PluginGrammarTree:
         return self.pending.resolve()
 
 
+def start_grammar_job(rt: Runtime, tree: PluginGrammarTree) -> Optional[MaskJob]:
+    """Grammar thread on and inside a hooked ``run_eagle_verify`` of this tree's batch: start the barrier and the
+    mask build on the grammar thread now, before the verify launch. None: the mask is built inline later."""
+    ctx = rt.in_flight
+    if not isinstance(ctx, VerifyContext) or not rt.step.grammar_thread:
+        return None
+    batch = ctx.batch
+    rt.in_flight = None  # one tree per verify call
+    return rt.step.start_build(mask_requests(batch.reqs), tree.pending, vocab_size=batch.sampling_info.vocab_size,
+                               barrier=ctx.barrier, allow_timeout=tree.draft_device is not None)
+
+
 def capture_sglang_tree(cls: Any) -> None:
     """Remember SGLang's own ``GrammarTree`` before it is replaced (hook: at register; patch: at import)."""
     if cls is not PluginGrammarTree and _sglang_tree[0] is None:
@@ -102,8 +128,12 @@ def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree,
     """After the target-verify launch, before sampling: barrier -> tree wait -> native mask -> non-blocking upload.
     Returns SGLang's ``GrammarMask`` (None: no request constrained). Chain trees without a neutralisable draft tensor
     are built without a time limit (exact, never neutralised)."""
-    step_mask = rt.step.build_mask(mask_requests(reqs), tree.pending, vocab_size=sampling_info.vocab_size,
-                                   device=device, barrier=barrier, draft_device=tree.draft_device)
+    if tree.job is not None:  # started on the grammar thread before the launch, with the same batch and barrier
+        job, tree.job = tree.job, None
+        step_mask = rt.step.finish_build(job, device=device, draft_device=tree.draft_device)
+    else:
+        step_mask = rt.step.build_mask(mask_requests(reqs), tree.pending, vocab_size=sampling_info.vocab_size,
+                                       device=device, barrier=barrier, draft_device=tree.draft_device)
     for i, error in step_mask.tree.failed:
         abort_mask_failed(reqs[i], error)
     grammar = next((r.grammar for r in reqs if getattr(r, "grammar", None) is not None), None)

@@ -1,0 +1,283 @@
+"""The scheduler thread's budget per decode step, measured in the real SGLang scheduler on CPU (issue 17).
+
+In steady state an overlapped step lasts max(GPU work, scheduler-thread CPU work). This benchmark measures the
+scheduler-thread side on the real engine (CPU runtime), with the 128k-vocabulary tokenizer, the GPU table's schema
+(``BENCH_SCHEMA`` of ``bench_gpu_constrained.py``, ``constrained_json_disable_any_whitespace``) and the random model
+pair (accept ~1: every step pays the full tree mask), for EAGLE3 topk 1 (3 steps / 4 tokens) and topk 4 (3 steps /
+8 tokens) at bs 1 / 8 / 32 / 64. Reported side by side, from one run:
+
+* (a) SGLang's own scheduler-thread time per *unconstrained* decode step: step wall minus the model forward (on a
+  CPU engine the forward -- the GPU's work on a GPU -- runs synchronously on the scheduler thread, so it is timed
+  and taken out; ``ModelRunner.forward``, draft and target);
+* (b) the extra scheduler-thread time of a *constrained* step with the plugin: the time the scheduler thread spends
+  inside grammar calls (SGLang's grammar entry points and the plugin's, nested counted once: with the grammar thread
+  this is the hand-off, the join wait and the upload) plus the GIL time the plugin's grammar thread can have taken
+  from it (its CPU time outside GIL-free native fills, from the plugin's stats: an upper bound);
+* (b') a cross-check that needs no attribution: constrained (step - forward) minus unconstrained (step - forward),
+  i.e. everything extra a constrained step costs the scheduler thread, SGLang's own grammar bookkeeping included.
+
+Paths compared in the same run: ``inline`` (grammar work on the scheduler thread after the verify launch, as before
+issue 17: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``) and ``thread`` (started on the grammar thread before the verify
+launch, joined before sampling: the default). Each path gets its own engine; the two alternate per topk (inline,
+thread, repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
+rounds alternate. The json outputs of the two paths are compared token for token (greedy).
+
+Run (one engine at a time: the lock keeps other engine runs off the 2 cores)::
+
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.16/bin/python benchmarks/bench_scheduler_budget.py
+
+Writes ``benchmarks/results/scheduler_budget_<sglang>.{json,md}``. Medians over the full-batch steps of all rounds.
+CPU figures: what the scheduler thread does on this machine, not a GPU's step time (``benchmarks/step_model.py``
+turns them into a GPU prediction with one calibrated constant). Not a test: no timing gates anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_engine_step import _machine, delta  # noqa: E402  one harness: shared helpers
+from bench_gpu_constrained import BENCH_SCHEMA  # noqa: E402  the GPU table's schema
+
+SPECS = ("topk1", "topk4")
+BATCHES = (1, 8, 32, 64)
+PATHS = ("inline", "thread")
+VOCAB = 128256
+PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_wait_s", "helper_gil_s",
+               "mask_timeouts")
+
+
+# -- pure helpers (tests/benchmarks/test_bench_scheduler_budget.py) --------------------------------------------------
+def cell_summary(steps: Sequence[Sequence[float]], bs: int) -> Dict[str, Any]:
+    """Medians over the step records ``[step_ms, grammar_ms, run_batch_ms, bs, forward_ms]`` that held all ``bs``
+    requests: step, forward, scheduler-thread CPU (step - forward) and the scheduler thread's grammar-call time."""
+    full = [s for s in steps if int(s[3]) == bs and len(s) >= 5]
+    if not full:
+        return {"n": 0}
+    return {
+        "n": len(full),
+        "step_ms": statistics.median(s[0] for s in full),
+        "forward_ms": statistics.median(s[4] for s in full),
+        "cpu_ms": statistics.median(s[0] - s[4] for s in full),
+        "grammar_ms": statistics.median(s[1] for s in full),
+    }
+
+
+def plugin_per_step(d: Dict[str, float]) -> Optional[Dict[str, float]]:
+    """Plugin stats delta -> means per verify step in ms (None when it ran no step)."""
+    n = d.get("steps") or 0
+    if not n:
+        return None
+    out = {k[:-2] + "_ms": d.get(k, 0.0) / n * 1e3 for k in PLUGIN_KEYS if k.endswith("_s")}
+    out["timeouts_per_step"] = d.get("mask_timeouts", 0) / n
+    return out
+
+
+def budget(unc: Dict[str, Any], con: Dict[str, Any], plugin: Optional[Dict[str, float]]) -> Dict[str, Optional[float]]:
+    """(a), (b) and (b') of one cell (module docstring). None where a side has no steps."""
+    a = unc.get("cpu_ms") if unc.get("n") else None
+    if not con.get("n"):
+        return {"a_ms": a, "b_ms": None, "b_cross_ms": None}
+    gil = (plugin or {}).get("helper_gil_ms", 0.0)
+    b = con["grammar_ms"] + gil
+    return {"a_ms": a, "b_ms": b, "b_cross_ms": None if a is None else con["cpu_ms"] - a}
+
+
+def markdown(result: Dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        f"# Scheduler-thread budget per decode step, SGLang {m['sglang']} on CPU (issue 17)",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"SGLang {m['sglang']}, xgrammar {m['xgrammar']}, torch {m['torch']}, Python {m['python']}, {m['cpus']} CPUs "
+        f"(shared, noisy). Random model pair, vocab {VOCAB} (byte-level BPE built locally), EAGLE3, overlap on, "
+        f"`BENCH_SCHEMA` with `constrained_json_disable_any_whitespace`, greedy, max_new_tokens "
+        f"{result['max_new_tokens']}, {result['rounds']} rounds per kind per batch size per engine after a warm-up, "
+        f"{result['repeats']} engine(s) per path. Medians over full-batch steps.",
+        "",
+        "(a) = SGLang's own scheduler-thread ms per unconstrained step (step - forward). (b) = extra scheduler-thread "
+        "ms per constrained step: grammar calls on the scheduler thread + the grammar thread's GIL bound. (b') = "
+        "constrained (step - forward) - (a): everything extra, no attribution (noisier). `join` = wait for the grammar "
+        "thread; `gil` = its CPU time outside native fills; `work` = advance + tree wait + mask wherever it ran. "
+        "`b thread/inline` is the issue's criterion (<= 1/3 at bs 64).",
+        "",
+        "| EAGLE3 | bs | path | steps | step ms (unc / json) | forward ms (unc / json) | (a) ms | (b) ms | (b') ms "
+        "| grammar calls ms | join ms | gil ms | work ms | accept | b thread/inline |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def f(x: Optional[float], fmt: str = "{:.2f}") -> str:
+        return "–" if x is None else fmt.format(x)
+
+    for row in result["rows"]:
+        for path in PATHS:
+            c = row.get(path)
+            if not c:
+                continue
+            u, j, b, p = c["unconstrained"], c["json"], c["budget"], c["plugin"] or {}
+            work = None if not p else p["advance_ms"] + p["tree_wait_ms"] + p["mask_ms"]
+            ratio = row.get("b_ratio") if path == "thread" else None
+            lines.append(
+                f"| {row['spec']} | {row['bs']} | {path} | {u.get('n', 0)}/{j.get('n', 0)} | "
+                f"{f(u.get('step_ms'), '{:.1f}')} / {f(j.get('step_ms'), '{:.1f}')} | "
+                f"{f(u.get('forward_ms'), '{:.1f}')} / {f(j.get('forward_ms'), '{:.1f}')} | {f(b['a_ms'])} | "
+                f"{f(b['b_ms'])} | {f(b['b_cross_ms'])} | {f(j.get('grammar_ms'))} | {f(p.get('join_wait_ms'))} | "
+                f"{f(p.get('helper_gil_ms'))} | {f(work)} | {c['accept_length']:.2f} | "
+                f"{f(ratio, '{:.2f}×') if ratio is not None else ''} |"
+            )
+    lines += ["", f"Greedy json outputs identical across paths: {result['identical']}.", ""]
+    if result.get("problems"):
+        lines += ["Problems seen:", ""] + [f"- {p}" for p in result["problems"]] + [""]
+    return "\n".join(lines)
+
+
+# -- engine runs ---------------------------------------------------------------------------------------------------
+def _prompts(bs: int, rnd: int) -> List[str]:
+    return [f"Request {rnd}-{i}: write the service record as JSON." for i in range(bs)]
+
+
+def _params(kind: str, max_new_tokens: int) -> Dict[str, Any]:
+    p: Dict[str, Any] = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    if kind == "unconstrained":
+        p["ignore_eos"] = True
+    else:
+        p["json_schema"] = json.dumps(BENCH_SCHEMA)
+    return p
+
+
+def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: str,
+               problems: List[str]) -> Dict[str, Any]:
+    from sglang_eo_dev.cpu_runtime.engine import EngineConfig, start_engine
+    from sglang_eo_dev.cpu_runtime.stats import read_stats
+    from sglang_eo_dev.cpu_runtime.step_times import STEP_TIMES_ALL_ENV, STEP_TIMES_ENV, read_step_times
+
+    tag = f"{spec}-{path}-{rep}"
+    step_file = os.path.join(tmp, f"steps-{tag}.json")
+    plugin_file = os.path.join(tmp, f"plugin-{tag}.json")
+    os.environ[STEP_TIMES_ENV] = step_file
+    os.environ[STEP_TIMES_ALL_ENV] = "1"
+    os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
+    os.environ["SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"] = "1" if path == "thread" else "0"
+    cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=True, vocab_size=VOCAB,
+                       max_running_requests=max(args.batches),
+                       extra=(("constrained_json_disable_any_whitespace", True), ("disable_radix_cache", True)))
+    t0 = time.monotonic()
+    engine = start_engine(cfg, stats_file=os.path.join(tmp, f"runtime-{tag}.json"))
+    out: Dict[str, Any] = {"spec": spec, "path": path, "rep": rep, "start_s": time.monotonic() - t0, "cells": {}}
+    try:
+        for bs in args.batches:
+            for kind in ("unconstrained", "json"):  # warm-up of this batch size (grammar compile, buffers)
+                engine.generate(prompt=_prompts(bs, 999), sampling_params=_params(kind, args.max_new_tokens))
+            cell: Dict[str, Any] = {"unconstrained": [], "json": [], "plugin": {}, "outputs": [], "tokens": 0,
+                                    "verify": 0}
+            p_tot: Dict[str, float] = {}
+            for rnd in range(args.rounds):
+                for kind in ("unconstrained", "json"):
+                    n0 = len(read_step_times(step_file)["steps"])
+                    p0 = read_stats(plugin_file)
+                    outs = engine.generate(prompt=_prompts(bs, rnd), sampling_params=_params(kind, args.max_new_tokens))
+                    cell[kind] += read_step_times(step_file)["steps"][n0:]
+                    if kind == "json":
+                        d = delta(read_stats(plugin_file), p0, PLUGIN_KEYS)
+                        p_tot = {k: p_tot.get(k, 0.0) + d[k] for k in PLUGIN_KEYS}
+                        cell["outputs"] += [o["output_ids"] for o in outs]
+                        cell["tokens"] += sum(o["meta_info"]["completion_tokens"] for o in outs)
+                        cell["verify"] += sum(o["meta_info"].get("spec_verify_ct") or 0 for o in outs)
+            cell["plugin"] = p_tot
+            out["cells"][str(bs)] = cell
+        errors = read_step_times(step_file).get("errors") or []
+        problems += [f"{tag}: {e}" for e in errors]
+        st = read_stats(plugin_file)
+        if not st.get("active") or bool(st.get("grammar_thread")) != (path == "thread"):
+            problems.append(f"{tag}: plugin active={st.get('active')!r} grammar_thread={st.get('grammar_thread')!r}")
+    finally:
+        engine.shutdown()
+    return out
+
+
+def aggregate(runs: Sequence[Dict[str, Any]], batches: Sequence[int]) -> List[Dict[str, Any]]:
+    rows = []
+    for spec in dict.fromkeys(r["spec"] for r in runs):
+        for bs in batches:
+            row: Dict[str, Any] = {"spec": spec, "bs": bs}
+            for path in PATHS:
+                cells = [r["cells"][str(bs)] for r in runs if r["spec"] == spec and r["path"] == path
+                         and str(bs) in r["cells"]]
+                if not cells:
+                    continue
+                unc = cell_summary([s for c in cells for s in c["unconstrained"]], bs)
+                con = cell_summary([s for c in cells for s in c["json"]], bs)
+                tot = {k: sum(c["plugin"].get(k, 0.0) for c in cells) for k in PLUGIN_KEYS}
+                plug = plugin_per_step(tot)
+                verify = sum(c["verify"] for c in cells)
+                row[path] = {"unconstrained": unc, "json": con, "plugin": plug, "budget": budget(unc, con, plug),
+                             "accept_length": sum(c["tokens"] for c in cells) / verify if verify else 0.0}
+            bi = (row.get("inline") or {}).get("budget", {}).get("b_ms")
+            bt = (row.get("thread") or {}).get("budget", {}).get("b_ms")
+            row["b_ratio"] = bt / bi if bi and bt is not None else None
+            rows.append(row)
+    return rows
+
+
+def identical_outputs(runs: Sequence[Dict[str, Any]]) -> bool:
+    """Greedy json outputs per (spec, bs, round order) equal across every run of that spec."""
+    by_spec: Dict[str, List[Any]] = {}
+    for r in runs:
+        outs = [r["cells"][k]["outputs"] for k in sorted(r["cells"], key=int)]
+        by_spec.setdefault(r["spec"], []).append(outs)
+    return all(all(o == runs_[0] for o in runs_) for runs_ in by_spec.values())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--specs", default=",".join(SPECS))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    specs = [s for s in args.specs.split(",") if s]
+    problems: List[str] = []
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in specs:
+            for rep in range(args.repeats):
+                for path in PATHS:
+                    print(f"[budget] {spec} {path} #{rep} ...", flush=True)
+                    runs.append(one_engine(spec, path, rep, args, tmp, problems))
+    result = {
+        "command": "flock /tmp/sglang-engine.lock " + " ".join([Path(sys.executable).parent.parent.name and
+                                                                 f".venvs/{Path(sys.executable).parent.parent.name}"
+                                                                 "/bin/python", "benchmarks/bench_scheduler_budget.py"]
+                                                                + list(argv if argv is not None else sys.argv[1:])),
+        "machine": _machine(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+        "repeats": args.repeats, "rows": aggregate(runs, args.batches), "identical": identical_outputs(runs),
+        "problems": problems,
+        "runs": [{k: v for k, v in r.items() if k != "cells"} | {"cells": {
+            bs: {k: c[k] for k in ("unconstrained", "json", "plugin", "tokens", "verify")}
+            for bs, c in r["cells"].items()}} for r in runs],
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"scheduler_budget_{result['machine']['sglang']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""Hook: ``sglang.srt.speculative.eagle_worker_common.run_eagle_verify`` (AROUND).
+
+Why: the grammar thread (issue 17) must start the step's grammar work -- SGLang's barrier (the previous batch's
+accepted tokens into the matchers) and the tree mask -- *before* the target-verify launch, so that it runs while the
+forward does, off the scheduler thread. The earliest point that has the verify tree is ``GrammarTree.from_device``
+(REPLACEd by :class:`~.band.PluginGrammarTree`), but SGLang hands the batch and the barrier only to the later
+``build_grammar_vocab_mask`` call.
+
+How: on entry, :class:`~.band.VerifyContext` (the batch and the ``grammar_barrier`` keyword) is put on the runtime for
+the duration of this one call; ``PluginGrammarTree.from_device`` reads it and starts the job
+(:func:`~.band.start_grammar_job`); ``build_grammar_vocab_mask`` joins it. The ``finally`` clears the hand-off
+whatever happens. With the grammar thread off, or for batches without a grammar, nothing changes.
+
+Upstream state: 0.5.23 runs the barrier inside ``build_grammar_vocab_mask``, after the launch, on the scheduler
+thread.
+
+When to remove: when upstream hands the barrier to the tree constructor or runs the grammar work off the scheduler
+thread itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_eagle_overlap.adapters.v0_5_23 import band
+from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration.hooks import Hook
+
+TARGET = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
+
+
+def run_eagle_verify(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    rt = runtime.active()
+    if rt is None or not rt.step.grammar_thread or not getattr(batch, "has_grammar", False):
+        return original(batch, *args, **kwargs)
+    ctx = rt.in_flight = band.VerifyContext(batch=batch, barrier=kwargs.get("grammar_barrier"))
+    try:
+        return original(batch, *args, **kwargs)
+    finally:
+        if rt.in_flight is ctx:
+            rt.in_flight = None
+
+
+HOOK = Hook(
+    target=TARGET,
+    hook_type="AROUND",
+    fn=run_eagle_verify,
+    callers=(
+        ("sglang.srt.speculative.eagle_worker_v2", "run_eagle_verify"),
+        ("sglang.srt.speculative.multi_layer_eagle_worker_v2", "run_eagle_verify"),
+        ("sglang.srt.speculative.uno_worker_v2", "run_eagle_verify"),
+    ),
+    why="hand the batch and the grammar barrier to the verify-tree constructor (grammar thread)",
+)
