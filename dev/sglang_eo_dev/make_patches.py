@@ -138,6 +138,17 @@ EDITS: Dict[str, Dict[str, List[Edit]]] = {
              "        )\n"
              "    if barrier is not None:\n"),
         ],
+        "sglang/srt/speculative/eagle_worker_common.py": [
+            ("    # Must stay ahead of the target verify launch below.\n"
+             "    grammar_tree = (\n",
+             "    # Must stay ahead of the target verify launch below.\n"
+             "    from sglang.srt.speculative import grammar_overlap\n"
+             "\n"
+             "    eo_rt = grammar_overlap.runtime()\n"
+             "    if eo_rt is not None:  # sglang-eagle-overlap: the grammar thread starts at the tree constructor\n"
+             "        grammar_overlap.band.hand_over_verify(eo_rt, batch, grammar_barrier)\n"
+             "    grammar_tree = (\n"),
+        ],
         "sglang/srt/managers/scheduler_components/batch_result_processor.py": [
             ("from sglang.srt.speculative.base_spec_worker import BaseSpecWorker\n",
              "from sglang.srt.speculative import grammar_overlap\n"

@@ -14,11 +14,10 @@ from sglang_eagle_overlap.core.mask import (
     TreeMask,
     TreeMaskBuilder,
     bitmask_width,
-    default_mask_threads,
     neutralize_timed_out_drafts,
 )
 from sglang_eagle_overlap.core.stats import COUNTERS, StepStats
-from sglang_eagle_overlap.core.step import GrammarStep, StepMask
+from sglang_eagle_overlap.core.step import GrammarStep, MaskJob, StepMask
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
 
 __all__ = [
@@ -31,6 +30,7 @@ __all__ = [
     "HostTreeCopier",
     "LedgerConflictError",
     "LedgerGapError",
+    "MaskJob",
     "MaskRequest",
     "MaskStrategy",
     "PendingTree",
@@ -39,6 +39,5 @@ __all__ = [
     "TreeMask",
     "TreeMaskBuilder",
     "bitmask_width",
-    "default_mask_threads",
     "neutralize_timed_out_drafts",
 ]

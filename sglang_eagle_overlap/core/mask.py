@@ -47,7 +47,6 @@ from typing import Any, List, Literal, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from sglang_eagle_overlap.settings import default_mask_threads
 
 __all__ = [
     "MaskRequest",
@@ -56,7 +55,6 @@ __all__ = [
     "TreeMaskBuilder",
     "HostGrammar",
     "bitmask_width",
-    "default_mask_threads",
     "neutralize_timed_out_drafts",
 ]
 
@@ -112,7 +110,7 @@ class TreeMaskBuilder:
     ) -> None:
         if strategy not in ("auto", "lockstep", "native", "python"):
             raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
-        self.threads = threads if threads is not None else default_mask_threads()
+        self.threads = threads if threads is not None else 1  # the plugin passes Settings.mask_threads
         if strategy == "auto":
             strategy = "lockstep"
         self.strategy: MaskStrategy = strategy

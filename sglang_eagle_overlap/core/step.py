@@ -161,6 +161,24 @@ class GrammarStep:
         self.timeline.point("tree_copy")
         return self.copier.start(retrieve_next_token, retrieve_next_sibling, draft_tokens)
 
+    def copy_host_tree(self, retrieve_next_token: Any, retrieve_next_sibling: Any, draft_tokens: Any) -> PendingTree:
+        """A tree the caller already holds on the host (chain algorithms, host-built trees): copied into the reused
+        buffers, without the launch probe (nothing is launched around it)."""
+        return self.copier.start(retrieve_next_token, retrieve_next_sibling, draft_tokens)
+
+    # -- counters the integrations report (names: ``core.stats.COUNTERS``) ------------------------------------------
+    def count(self, name: str, k: int = 1) -> None:
+        self.stats.count(name, k)
+
+    @property
+    def tokens_fed(self) -> int:
+        """Tokens fed to grammars through the ledger since start (replays feed nothing)."""
+        return self.ledger.tokens_fed
+
+    def was_advanced(self, key: Hashable, start: int) -> bool:
+        """True if the run of ``key`` at output position ``start`` was already fed (a later ask is a replay)."""
+        return self.ledger.outcome(key, start) is not None
+
     # -- 2./4. the exactly-once advance --------------------------------------------------------------------------
     def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
         """Feed ``tokens`` (committed at output position ``start``) to ``grammar`` exactly once.
@@ -253,9 +271,9 @@ class GrammarStep:
             tl.span("advance", sp["t0"], sp["t1"], bs)
             tl.span("tree_wait", sp["t1"], sp["t2"], bs)
             tl.span("mask_build", sp["t2"], sp["t3"], bs)
-            if threaded:
+            if threaded:  # the work ran on the grammar thread; the scheduler thread waited t0 .. t_join
                 tl.span("grammar_join", t0, t_join, bs)
-            tl.span("mask_upload", t_join, t3, bs)
+            tl.span("mask_upload", t_join if threaded else sp["t3"], t3, bs)
             tl.point("sample", t3, bs)
         self.report()
         return StepMask(device_mask, result)

@@ -126,11 +126,13 @@ class Timeline:
 _singleton: List[Optional[Timeline]] = [None]
 
 
-def timeline() -> Timeline:
-    """The process's recorder, created on first use from ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` (unset: disabled)."""
+def timeline(path: Optional[str]) -> Timeline:
+    """The process's recorder, created on the first call with ``path`` (the plugin's ``Settings.timeline_file``, or a
+    dev probe's own ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE``; None: disabled). Later calls return the same recorder
+    whatever they pass: the plugin and the dev probes of stock SGLang share one file per process."""
     tl = _singleton[0]
     if tl is None:
-        tl = _singleton[0] = Timeline(os.environ.get(TIMELINE_ENV) or None)
+        tl = _singleton[0] = Timeline(path or None)
     return tl
 
 

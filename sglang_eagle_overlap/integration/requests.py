@@ -84,14 +84,14 @@ def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -
     """Feed the run ``tokens`` that ``req`` committed at output position ``start`` to its grammar, exactly once
     (replayed if the verify barrier fed it already), and return the run the request keeps (module docstring)."""
     rid = str(req.rid)
-    if step.ledger.outcome(rid, start) is not None:
-        step.stats.count("replays")
+    if step.was_advanced(rid, start):
+        step.count("replays")
     outcome: AdvanceOutcome = step.advance(rid, req.grammar, start, tokens)
     if outcome.error is not None:
         if finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {outcome.error}"):
             logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens),
                          outcome.error)
-            step.stats.count("aborts")
+            step.count("aborts")
         return list(outcome.retained)
     if not outcome.retained and outcome.terminated and tokens:
         return [int(tokens[0])]

@@ -69,13 +69,13 @@ def test_writer_thread_flushes_without_an_explicit_call(tmp_path, monkeypatch):
     assert T.load_events(str(path)) == [("sample", 1.0, 1.0, 2, True)]
 
 
-def test_singleton_follows_the_environment(monkeypatch, tmp_path):
+def test_singleton_is_created_from_the_first_path_given(monkeypatch, tmp_path):
     monkeypatch.setattr(T, "_singleton", [None])
-    monkeypatch.delenv(T.TIMELINE_ENV, raising=False)
-    assert not T.timeline().enabled
+    monkeypatch.setenv(T.TIMELINE_ENV, str(tmp_path / "ignored.json"))  # core reads no environment
+    assert not T.timeline(None).enabled
     monkeypatch.setattr(T, "_singleton", [None])
-    monkeypatch.setenv(T.TIMELINE_ENV, str(tmp_path / "x.json"))
-    assert T.timeline().enabled and T.timeline() is T.timeline()
+    first = T.timeline(str(tmp_path / "x.json"))
+    assert first.enabled and T.timeline(None) is first
 
 
 def test_sync_steps_put_the_advance_before_the_launch():

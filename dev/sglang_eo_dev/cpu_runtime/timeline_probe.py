@@ -57,7 +57,7 @@ def install(scheduler: Any, version: tuple) -> None:
     if not os.environ.get(TIMELINE_ENV) or _installed[0]:
         return
     _installed[0] = True
-    tl = timeline()
+    tl = timeline(os.environ[TIMELINE_ENV])
     tl.meta.update({"sglang": ".".join(map(str, version)), "product_plugin": _product_active()})
     stock = not _product_active()
     clock = time.perf_counter

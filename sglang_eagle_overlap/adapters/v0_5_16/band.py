@@ -115,7 +115,7 @@ def keeps_overlap(rt: Runtime, batch: Any, result_queue: Any) -> bool:
         return False
     keep = can_mask(batch)
     if keep and len(result_queue or ()) > 0:
-        rt.step.stats.count("overlap_kept")
+        rt.step.count("overlap_kept")
     return keep
 
 
@@ -125,7 +125,7 @@ def announce_stand_aside(rt: Runtime, batch: Any) -> None:
     name = algorithm_name(batch)
     if name and name != "NONE" and name not in rt.announced:
         rt.announced.add(name)
-        rt.step.stats.count("stand_aside_algorithms")
+        rt.step.count("stand_aside_algorithms")
         logger.info(support.stand_aside_message(BAND, name))
         rt.step.write_stats()
 
@@ -138,7 +138,7 @@ def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyS
     if batch.forward_mode.is_idle():
         return None
     if not can_mask(batch):
-        rt.step.stats.count("fallback_steps")
+        rt.step.count("fallback_steps")
         return None
     pending = rt.step.copy_tree(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling,
                                 verify_input.draft_token)
@@ -185,7 +185,7 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
     if not queue:
         return 0
     live = {str(req.rid) for req in current_reqs}
-    fed_before = step.ledger.tokens_fed
+    fed_before = step.tokens_fed
     for b, r in list(queue):
         reqs = getattr(b, "reqs", None) or []
         live.update(str(req.rid) for req in reqs)
@@ -201,11 +201,11 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
             r.copy_done.synchronize()
         lens = r.accept_lens.tolist() if is_decode else None
         stride = r.speculative_num_draft_tokens if is_decode else 1
-        step.stats.count("barrier_runs")
+        step.count("barrier_runs")
         for _, req, run in committed_runs(reqs, r.next_token_ids.tolist(), lens, stride):
             step.advance(str(req.rid), req.grammar, len(req.output_ids), run)
     step.prune(live)
-    return step.ledger.tokens_fed - fed_before
+    return step.tokens_fed - fed_before
 
 
 # -- post-processing ------------------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, committed_runs, mask_requests
 from sglang_eagle_overlap.integration.runtime import Runtime
 
-__all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "build_grammar_vocab_mask", "output_stride",
-           "patched_grammar_tree", "start_grammar_job"]
+__all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "build_grammar_vocab_mask", "hand_over_verify",
+           "output_stride", "patched_grammar_tree", "start_grammar_job"]
 
 _sglang_tree: List[Any] = [None]  # SGLang's own GrammarTree, used while the runtime is off
 
@@ -87,7 +87,7 @@ class PluginGrammarTree:
         rt = runtime.active()
         if rt is None:
             return cls.sglang_class().from_host(retrieve_next_token, retrieve_next_sibling, draft_token)
-        return cls(rt.step.copier.start(retrieve_next_token, retrieve_next_sibling, draft_token))
+        return cls(rt.step.copy_host_tree(retrieve_next_token, retrieve_next_sibling, draft_token))
 
     @classmethod
     def from_linear_chain(cls, verify_ids_2d: torch.Tensor) -> Any:
@@ -98,11 +98,21 @@ class PluginGrammarTree:
         nxt = torch.full((bs, chain_len), -1, dtype=torch.int64)
         nxt[:, :-1] = torch.arange(1, chain_len, dtype=torch.int64)
         sib = torch.full((bs, chain_len), -1, dtype=torch.int64)
-        return cls(rt.step.copier.start(nxt, sib, verify_ids_2d))  # chain algorithms own their candidates
+        return cls(rt.step.copy_host_tree(nxt, sib, verify_ids_2d))  # chain algorithms own their candidates
 
     def resolve(self) -> Tuple[torch.Tensor, ...]:
         """Wait for the host copy (one event) and return ``(next_token, next_sibling, draft_tokens)``."""
         return self.pending.resolve()
+
+
+def hand_over_verify(rt: Runtime, batch: Any, barrier: Any) -> Optional[VerifyContext]:
+    """``run_eagle_verify`` entry (hook) or just before its ``GrammarTree.from_device`` (patched SGLang): with the
+    grammar thread on, give the tree constructor this batch and SGLang's barrier. Returns the context put on the
+    runtime (None: nothing handed over, the mask is built inline)."""
+    if not rt.step.grammar_thread or not getattr(batch, "has_grammar", False):
+        return None
+    ctx = rt.in_flight = VerifyContext(batch=batch, barrier=barrier)
+    return ctx
 
 
 def start_grammar_job(rt: Runtime, tree: PluginGrammarTree) -> Optional[MaskJob]:

@@ -6,8 +6,9 @@ forward does, off the scheduler thread. The earliest point that has the verify t
 (REPLACEd by :class:`~.band.PluginGrammarTree`), but SGLang hands the batch and the barrier only to the later
 ``build_grammar_vocab_mask`` call.
 
-How: on entry, :class:`~.band.VerifyContext` (the batch and the ``grammar_barrier`` keyword) is put on the runtime for
-the duration of this one call; ``PluginGrammarTree.from_device`` reads it and starts the job
+How: on entry, :func:`~.band.hand_over_verify` puts a :class:`~.band.VerifyContext` (the batch and the
+``grammar_barrier`` keyword) on the runtime for the duration of this one call (the vendored patch makes the same call
+right before ``GrammarTree.from_device``); ``PluginGrammarTree.from_device`` reads it and starts the job
 (:func:`~.band.start_grammar_job`); ``build_grammar_vocab_mask`` joins it. The ``finally`` clears the hand-off
 whatever happens. With the grammar thread off, or for batches without a grammar, nothing changes.
 
@@ -31,9 +32,9 @@ TARGET = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
 
 def run_eagle_verify(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
-    if rt is None or not rt.step.grammar_thread or not getattr(batch, "has_grammar", False):
+    ctx = None if rt is None else band.hand_over_verify(rt, batch, kwargs.get("grammar_barrier"))
+    if ctx is None:
         return original(batch, *args, **kwargs)
-    ctx = rt.in_flight = band.VerifyContext(batch=batch, barrier=kwargs.get("grammar_barrier"))
     try:
         return original(batch, *args, **kwargs)
     finally:
