@@ -152,3 +152,19 @@ def test_stats_deltas_and_plugin_per_step():
     assert bench.plugin_per_step_ms(bench.delta({}, {}, bench.PLUGIN_KEYS)) is None
     assert bench.delta({"grammar_decode_batches": 5}, {}, bench.COUNTER_KEYS) == {
         "grammar_decode_batches": 5, "overlap_disabled_grammar_decode_batches": 0}
+
+
+def test_excluded_instrumentation_inside_a_region_does_not_count():
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+    write = timer.wrap_excluded(lambda dt: setattr(clock, "t", clock.t + dt))
+
+    def region_body():
+        clock.t += 0.002
+        write(0.010)  # the stats-file write, inside the mask step
+        clock.t += 0.001
+
+    timer.wrap(region_body)()
+    assert timer.total_s == pytest.approx(0.003)
+    write(0.5)  # outside any region: nothing to subtract, nothing added
+    assert timer.total_s == pytest.approx(0.003)

@@ -86,6 +86,24 @@ class GrammarTimer:
         setattr(timed, self._marker, True)
         return timed
 
+    def wrap_excluded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` inside an open region does not count (instrumentation: the plugin's stats-file write, which a
+        benchmark turns on and production does not)."""
+        owner = self._owner
+
+        @functools.wraps(fn)
+        def untimed(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != owner or self._depth == 0:
+                return fn(*args, **kwargs)
+            self.total_s += self._clock() - self._opened
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._opened = self._clock()
+
+        setattr(untimed, self._marker, True)
+        return untimed
+
 
 class StepClock:
     """Turns ``run_batch`` launches into decode-step records ``(step_ms, grammar_ms, run_batch_ms, bs)``.
@@ -202,6 +220,13 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
         err = _wrap_region(rec.timer, module, attr, method)
         if err:
             rec.errors.append(f"grammar region not timed: {err}")
+    try:  # the plugin's stats file is instrumentation: its write is not grammar work
+        from sglang_eagle_overlap.core.step import GrammarStep
+
+        if not getattr(GrammarStep.write_stats, rec.timer._marker, False):
+            GrammarStep.write_stats = rec.timer.wrap_excluded(GrammarStep.write_stats)  # type: ignore[method-assign]
+    except ImportError:
+        pass
     err = _wrap_region(rec.forward, *_FORWARD)
     if err:
         rec.errors.append(f"forward not timed: {err}")
