@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Set
+from typing import TYPE_CHECKING, Any, List, Optional, Set
 
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import InFlight
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -30,8 +33,8 @@ class Runtime:
     settings: Settings
     step: GrammarStep
     active: bool = False
-    result_queue: Any = None
-    in_flight: Any = None
+    result_queue: Any = None  # SGLang's own deque of (ScheduleBatch, result): Any (SGLang ships no types)
+    in_flight: Optional[InFlight] = None
     origin: str = "plugin"
     announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
 
