@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core.tree_copy import PendingTree
@@ -37,6 +37,12 @@ from sglang_eagle_overlap.integration.requests import (
     mask_requests,
 )
 from sglang_eagle_overlap.integration.runtime import Runtime
+
+if TYPE_CHECKING:
+    import torch
+
+# Every ``Any`` below is one of SGLang's objects (ScheduleBatch, Req, EagleVerifyInput, results, server args):
+# SGLang ships no types.
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -142,7 +148,7 @@ def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyS
     return VerifyStep(batch=batch, pending=pending)
 
 
-def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Any:
+def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Optional[torch.Tensor]:
     """After the target-verify launch, before sampling. Returns the device mask (None: no row constrained)."""
     step_mask = rt.step.build_mask(
         mask_requests(batch.reqs), verify.pending, vocab_size=batch.sampling_info.vocab_size,
