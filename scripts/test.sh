@@ -2,7 +2,8 @@
 # The project's test command (README): builds/reuses the CPU venvs and runs the whole suite against each supported
 # SGLang. Extra arguments go to pytest, e.g. `scripts/test.sh -m "not engine"` or `SGLANG_VERSIONS=0.5.23 scripts/test.sh`.
 # Cost (README "Requirements"): ~30 min for both versions on 2 cores once the venvs exist (~2-5 min and 3.4 GB each
-# to build). Engine tests take /tmp/sglang-engine.lock, so they wait for any other engine on the machine.
+# to build), plus the type check: ~1-3.5 min per version on a cold mypy cache, a few seconds warm. Engine tests take
+# /tmp/sglang-engine.lock, so they wait for any other engine on the machine.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -10,6 +11,15 @@ VERSIONS="${SGLANG_VERSIONS:-0.5.23 0.5.16}"
 status=0
 for v in $VERSIONS; do
   bash scripts/setup_cpu_env.sh "$v" || { echo "setup of SGLang $v failed" >&2; exit 1; }
+done
+# The type check first (scripts/typecheck.sh: mypy strict on sglang_eagle_overlap/, against each SGLang venv's torch
+# and xgrammar); a type error fails the run before the ~30 min of tests.
+for v in $VERSIONS; do
+  echo "===== type check against SGLang $v ====="
+  start=$SECONDS
+  TYPECHECK_SGLANG="$v" bash scripts/typecheck.sh \
+    || { echo "type check against SGLang $v failed (errors above; scripts/typecheck.sh reproduces it)" >&2; exit 1; }
+  echo "===== type check against SGLang $v: $(( SECONDS - start )) s ====="
 done
 for v in $VERSIONS; do
   echo "===== SGLang $v ====="

@@ -29,7 +29,12 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import torch
+    from prometheus_client import Counter
+    from torch.types import Device
 
 __all__ = ["ForwardReadyProbe", "PrometheusExporter", "PROMETHEUS_NAMES"]
 
@@ -55,17 +60,17 @@ class ForwardReadyProbe:
 
     def __init__(self, max_pending: int = 64) -> None:
         self._launch_t: Optional[float] = None
-        self._start_evt: Any = None
-        self._end_evt: Any = None
+        self._start_evt: Optional[torch.cuda.Event] = None
+        self._end_evt: Optional[torch.cuda.Event] = None
         self._mask_start_t: Optional[float] = None
         self._async_device = False
-        self._pending: Deque[Tuple[Any, Any, float, float]] = deque(maxlen=max_pending)
+        self._pending: Deque[Tuple[torch.cuda.Event, torch.cuda.Event, float, float]] = deque(maxlen=max_pending)
 
-    def on_launch(self, device: Any = None) -> None:
+    def on_launch(self, device: Device = None) -> None:
         self._launch_t = time.perf_counter()
         self._start_evt = self._record(device)
 
-    def on_mask_start(self, device: Any = None, t: Optional[float] = None) -> None:
+    def on_mask_start(self, device: Device = None, t: Optional[float] = None) -> None:
         self._mask_start_t = time.perf_counter() if t is None else t
         self._async_device = self._device_type(device) == "cuda"
         self._end_evt = self._record(device) if self._start_evt is not None else None
@@ -97,13 +102,13 @@ class ForwardReadyProbe:
         return total
 
     @staticmethod
-    def _device_type(device: Any) -> str:
+    def _device_type(device: Device) -> str:
         if device is None:
             return ""
         return getattr(device, "type", None) or str(device).split(":")[0]
 
     @staticmethod
-    def _record(device: Any) -> Any:
+    def _record(device: Device) -> Optional[torch.cuda.Event]:
         if ForwardReadyProbe._device_type(device) != "cuda":
             return None
         import torch
@@ -118,14 +123,14 @@ class PrometheusExporter:
     set (SGLang sets it when started with ``--enable-metrics``) and ``prometheus_client`` imports."""
 
     def __init__(self) -> None:
-        self._counters: Optional[Dict[str, Any]] = None
+        self._counters: Optional[Dict[str, Counter]] = None
         self._tried = False
 
     @property
     def enabled(self) -> bool:
         return self._ensure() is not None
 
-    def _ensure(self) -> Optional[Dict[str, Any]]:
+    def _ensure(self) -> Optional[Dict[str, Counter]]:
         if self._tried:
             return self._counters
         self._tried = True

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NoReturn, Optional
 
 __all__ = ["PluginLoadError", "is_active", "load", "sglang_version"]
 
@@ -111,7 +111,7 @@ def load() -> None:
     logger.info("sglang-eagle-overlap: active on SGLang %s (%s)", ver, adapter.name)
 
 
-def _refuse(message: str) -> None:
+def _refuse(message: str) -> NoReturn:
     _state["error"] = message
     logger.error(message)
     raise PluginLoadError(message)

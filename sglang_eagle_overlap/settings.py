@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Type, Union
 
 __all__ = ["ENV", "Settings", "SettingsError", "default_mask_threads"]
 
@@ -89,7 +89,7 @@ class Settings:
         )
 
 
-def _number(name: str, raw: str, kind: type, minimum: float) -> float:
+def _number(name: str, raw: str, kind: Union[Type[int], Type[float]], minimum: float) -> float:
     try:
         value = kind(raw)
     except ValueError:

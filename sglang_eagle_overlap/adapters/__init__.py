@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from sglang_eagle_overlap.integration.hooks import BandAdapter
 
 __all__ = ["adapter_for", "BANDS"]
 
@@ -27,8 +30,9 @@ BANDS = {
 
 
 @functools.lru_cache(maxsize=None)
-def adapter_for(version: Optional[str]) -> Any:
+def adapter_for(version: Optional[str]) -> Optional[BandAdapter]:
     module = BANDS.get(version or "")
     if module is None:
         return None
-    return importlib.import_module(module).ADAPTER
+    adapter: BandAdapter = importlib.import_module(module).ADAPTER
+    return adapter

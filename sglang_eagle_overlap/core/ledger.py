@@ -29,7 +29,7 @@ returning ``False`` on rejection) and ``is_terminated() -> bool``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection, Dict, Hashable, Optional, Protocol, Sequence, Tuple
+from typing import Collection, Dict, Hashable, List, Optional, Protocol, Sequence, Tuple
 
 __all__ = [
     "AdvanceOutcome",
@@ -156,7 +156,7 @@ class AcceptLedger:
 
 
 def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOutcome:
-    retained = []
+    retained: List[int] = []
     error: Optional[str] = None
     terminated = grammar.is_terminated()
     if not terminated:

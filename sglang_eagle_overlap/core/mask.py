@@ -43,10 +43,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Literal, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Generic, List, Literal, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import torch
 
+from sglang_eagle_overlap.core.protocols import WalkMatcher
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import xgrammar as xgr
 
 __all__ = [
     "MaskRequest",
@@ -66,7 +72,7 @@ MaskStrategy = Literal["auto", "lockstep", "native", "python"]
 class HostGrammar(Protocol):
     """The host's grammar object API (SGLang's ``BaseGrammarObject``) used by the generic walk."""
 
-    def accept_token(self, token: int) -> Any: ...
+    def accept_token(self, token: int) -> object: ...
 
     def rollback(self, k: int) -> None: ...
 
@@ -80,7 +86,7 @@ class MaskRequest:
     """One batch row. ``matcher`` (an ``xgrammar.GrammarMatcher``) selects the native paths; else ``grammar`` is
     walked generically; both None means unconstrained (rows stay all-allowed, zero cost)."""
 
-    matcher: Any = None
+    matcher: Optional[xgr.GrammarMatcher] = None
     grammar: Optional[HostGrammar] = None
     request_id: str = ""
 
@@ -116,8 +122,8 @@ class TreeMaskBuilder:
         self.strategy: MaskStrategy = strategy
         self.time_limit_s = time_limit_s
         self.pin_memory = pin_memory
-        self._batch_matcher: Any = None
-        self._serial_matcher: Any = None
+        self._batch_matcher: Optional[xgr.BatchGrammarMatcher] = None
+        self._serial_matcher: Optional[xgr.BatchGrammarMatcher] = None
         # Lockstep thread policy: waking xgrammar's C++ pool costs ~0.1 ms on an idle host and up to several ms on a
         # busy 2-core one, more than a round of cheap fills (most JSON states fill in a few us). A round goes to the
         # pool only if it has >= ``parallel_min_fills`` fills and its estimated serial cost (fills x running average
@@ -146,12 +152,14 @@ class TreeMaskBuilder:
         _fill_all_allowed(out)
         return out
 
-    def _ensure_batch_matchers(self) -> None:
-        if self._batch_matcher is None:
+    def _ensure_batch_matchers(self) -> Tuple[xgr.BatchGrammarMatcher, xgr.BatchGrammarMatcher]:
+        """The (threaded, serial) fill matchers, created on first use; the same object when ``threads`` is 1."""
+        if self._batch_matcher is None or self._serial_matcher is None:
             import xgrammar as xgr
 
             self._batch_matcher = xgr.BatchGrammarMatcher(self.threads)
             self._serial_matcher = xgr.BatchGrammarMatcher(1) if self.threads > 1 else self._batch_matcher
+        return self._batch_matcher, self._serial_matcher
 
     # -- entry point ---------------------------------------------------------------------------------------------
     def build(
@@ -251,7 +259,9 @@ class TreeMaskBuilder:
         return result
 
     # -- strategies ----------------------------------------------------------------------------------------------
-    def _native(self, requests, rows, nxt_t, sib_t, tok_t, n, vocab_size, mask, deadline, timed_out) -> int:
+    def _native(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
+                tok_t: torch.Tensor, n: int, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
+                timed_out: List[int]) -> int:
         nxt_t = nxt_t.to(torch.int64).contiguous()
         sib_t = sib_t.to(torch.int64).contiguous()
         tok_t = tok_t.to(torch.int64).contiguous()
@@ -264,7 +274,7 @@ class TreeMaskBuilder:
             oov_any = None
         valid = 0
         for i in rows:
-            matcher = requests[i].matcher
+            matcher = _native_matcher(requests[i])
             block = mask[i * n : (i + 1) * n]
             if matcher.is_terminated():
                 continue
@@ -295,12 +305,13 @@ class TreeMaskBuilder:
                 timed_out.append(i)
         return valid
 
-    def _lockstep(self, requests, rows, nxt, sib, tok, n, vocab_size, mask, deadline, timed_out) -> int:
-        self._ensure_batch_matchers()
-        threaded, serial = self._batch_matcher, self._serial_matcher
+    def _lockstep(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt: Sequence[Sequence[int]],
+                  sib: Sequence[Sequence[int]], tok: Sequence[Sequence[int]], n: int, vocab_size: int,
+                  mask: torch.Tensor, deadline: Optional[float], timed_out: List[int]) -> int:
+        threaded, serial = self._ensure_batch_matchers()
         min_fills, min_work = self.parallel_min_fills, self.parallel_min_work_s
 
-        def fill(matchers, rows_) -> None:
+        def fill(matchers: List[xgr.GrammarMatcher], rows_: List[int]) -> None:
             k = len(matchers)
             pooled = threaded is not serial and k >= min_fills and k * self._fill_cost_s >= min_work
             t = time.perf_counter()
@@ -310,11 +321,11 @@ class TreeMaskBuilder:
             per_fill = (time.perf_counter() - t) / k * (self.threads if pooled else 1)
             self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
         mask_np = mask.numpy()
-        walkers: List[_Walker] = []
-        fill_matchers: List[Any] = []
+        walkers: List[_Walker[xgr.GrammarMatcher]] = []
+        fill_matchers: List[xgr.GrammarMatcher] = []
         fill_rows: List[int] = []
         for i in rows:
-            matcher = requests[i].matcher
+            matcher = _native_matcher(requests[i])
             if matcher.is_terminated():
                 continue
             w = _Walker(matcher, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
@@ -329,7 +340,10 @@ class TreeMaskBuilder:
             raise
 
     @staticmethod
-    def _lockstep_rounds(walkers, fill, fill_matchers, fill_rows, deadline, timed_out) -> int:
+    def _lockstep_rounds(walkers: List[_Walker[xgr.GrammarMatcher]],
+                         fill: Callable[[List[xgr.GrammarMatcher], List[int]], None],
+                         fill_matchers: List[xgr.GrammarMatcher], fill_rows: List[int], deadline: Optional[float],
+                         timed_out: List[int]) -> int:
         valid = 0
         # Round 0: every root.
         if fill_matchers:
@@ -358,6 +372,13 @@ class TreeMaskBuilder:
         return valid
 
 
+def _native_matcher(req: MaskRequest) -> xgr.GrammarMatcher:
+    """The matcher of a row :meth:`TreeMaskBuilder.build` sent down a native path (it did so because it has one)."""
+    if req.matcher is None:
+        raise ValueError(f"request {req.request_id!r} has no xgrammar matcher for the native tree walk")
+    return req.matcher
+
+
 def _fill_all_allowed(t: torch.Tensor) -> None:
     """Set every bit. numpy, not ``Tensor.fill_``: torch's intra-op threads make a multi-MB fill 10-100x slower on a
     busy 2-core host (measured 3-46 ms vs 0.3-1 ms for an 8 MB mask)."""
@@ -367,12 +388,16 @@ def _fill_all_allowed(t: torch.Tensor) -> None:
         t.fill_(-1)
 
 
-class _Walker:
+_M = TypeVar("_M", bound=WalkMatcher)
+
+
+class _Walker(Generic[_M]):
     """Explicit-stack DFS over one request's tree, paused at every node whose row must be filled."""
 
     __slots__ = ("matcher", "nxt", "sib", "tok", "base", "vocab", "mask", "batch_index", "stack", "depth")
 
-    def __init__(self, matcher, nxt, sib, tok, base, vocab, mask_np, batch_index) -> None:
+    def __init__(self, matcher: _M, nxt: Sequence[int], sib: Sequence[int], tok: Sequence[int], base: int, vocab: int,
+                 mask_np: npt.NDArray[np.int32], batch_index: int) -> None:
         self.matcher = matcher
         self.nxt = nxt
         self.sib = sib
@@ -434,7 +459,7 @@ class _GrammarAsMatcher:
 
     __slots__ = ("g",)
 
-    def __init__(self, g) -> None:
+    def __init__(self, g: HostGrammar) -> None:
         self.g = g
 
     def accept_token(self, token: int) -> bool:
@@ -450,7 +475,9 @@ class _GrammarAsMatcher:
         return bool(self.g.is_terminated())
 
 
-def _exact_walk(matcher, fill_row, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
+def _exact_walk(matcher: WalkMatcher, fill_row: Callable[[int], object], nxt: Sequence[int], sib: Sequence[int],
+                tok: Sequence[int], vocab: int, mask: torch.Tensor, base: int,
+                deadline: Optional[float]) -> Tuple[int, bool]:
     """One request's tree walked node by node with :class:`_Walker`, ``fill_row(row)`` filling each reached row.
 
     Same semantics as the batched paths. Returns (valid nodes, completed). On timeout, non-root rows are reset to
@@ -480,13 +507,16 @@ def _exact_walk(matcher, fill_row, nxt, sib, tok, vocab, mask, base, deadline) -
         raise
 
 
-def _walk_request(req: MaskRequest, nxt, sib, tok, vocab, mask, base, deadline) -> Tuple[int, bool]:
+def _walk_request(req: MaskRequest, nxt: Sequence[int], sib: Sequence[int], tok: Sequence[int], vocab: int,
+                  mask: torch.Tensor, base: int, deadline: Optional[float]) -> Tuple[int, bool]:
     """The exact walk for a request's xgrammar matcher or, failing that, its host grammar object."""
     if req.matcher is not None:
         m = req.matcher
         return _exact_walk(m, lambda row: m.fill_next_token_bitmask(mask, row), nxt, sib, tok, vocab, mask, base,
                            deadline)
     g = req.grammar
+    if g is None:
+        raise ValueError(f"request {req.request_id!r} has neither a matcher nor a grammar: nothing to walk")
     return _exact_walk(_GrammarAsMatcher(g), lambda row: g.fill_vocab_mask(mask, row), nxt, sib, tok, vocab, mask,
                        base, deadline)
 

@@ -39,7 +39,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Dict, Hashable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, Mapping, Optional, Sequence
 
 from sglang_eagle_overlap.core.ledger import (
     AcceptLedger,
@@ -49,9 +49,14 @@ from sglang_eagle_overlap.core.ledger import (
     LedgerGapError,
 )
 from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
+from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
 from sglang_eagle_overlap.core.stats import StepStats
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
+
+if TYPE_CHECKING:
+    import torch
+    from torch.types import Device
 
 __all__ = ["GrammarStep", "MaskJob", "StepMask"]
 
@@ -63,7 +68,7 @@ class StepMask:
     """What :meth:`GrammarStep.build_mask` hands back: the device mask for sampling (None: nothing constrained) and
     the host build's result (``failed`` rows the host must abort alone; ``timed_out`` rows already neutralised)."""
 
-    device_mask: Any
+    device_mask: Optional[torch.Tensor]
     tree: TreeMask
 
 
@@ -93,10 +98,10 @@ class MaskJob:
 class _Inert:
     """Stands in for an absent probe / exporter."""
 
-    def on_launch(self, device: Any = None) -> None:
+    def on_launch(self, device: Device = None) -> None:
         pass
 
-    def on_mask_start(self, device: Any = None, t: Optional[float] = None) -> None:
+    def on_mask_start(self, device: Device = None, t: Optional[float] = None) -> None:
         pass
 
     def on_mask_ready(self, t_ready: float) -> float:
@@ -115,12 +120,12 @@ class GrammarStep:
         mask_threads: Optional[int] = None,
         mask_time_limit_s: Optional[float] = 0.05,
         pin_memory: Optional[bool] = None,
-        probe: Any = None,
-        exporter: Any = None,
+        probe: Optional[ForwardProbe] = None,
+        exporter: Optional[StepExporter] = None,
         timeline: Optional[Timeline] = None,
         stats_file: Optional[str] = None,
         log_interval_s: float = 30.0,
-        state: Optional[Callable[[], Dict[str, Any]]] = None,
+        state: Optional[Callable[[], Mapping[str, StatValue]]] = None,
         grammar_thread: bool = False,
     ) -> None:
         self.copier = HostTreeCopier()
@@ -130,13 +135,13 @@ class GrammarStep:
         self._limit_s = mask_time_limit_s
         self._pin = pin_memory
         self._builder: Optional[TreeMaskBuilder] = None
-        self.probe = probe if probe is not None else _Inert()
-        self.exporter = exporter if exporter is not None else _Inert()
+        self.probe: ForwardProbe = probe if probe is not None else _Inert()
+        self.exporter: StepExporter = exporter if exporter is not None else _Inert()
         self.timeline = timeline if timeline is not None else Timeline(None)
         self.stats_file = stats_file
         self.log_interval_s = log_interval_s
         self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
-        self._upload_event: Any = None  # fence: the builder's host buffer is reused by the next build
+        self._upload_event: Optional[DeviceEvent] = None  # fence: the builder's host buffer is reused by the next build
         self._last_log = float("-inf")
         # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
         self.grammar_thread = grammar_thread
@@ -154,7 +159,8 @@ class GrammarStep:
         return self._builder
 
     # -- 1. before the verify launch ---------------------------------------------------------------------------
-    def copy_tree(self, retrieve_next_token: Any, retrieve_next_sibling: Any, draft_tokens: Any) -> PendingTree:
+    def copy_tree(self, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
+                  draft_tokens: torch.Tensor) -> PendingTree:
         """Start the verify tree's host copy (reused pinned buffers, one event). Call just before the target-verify
         launch, on the stream that produced the tree."""
         self.probe.on_launch(retrieve_next_token.device)
@@ -284,9 +290,9 @@ class GrammarStep:
         tree: PendingTree,
         *,
         vocab_size: int,
-        device: Any,
-        barrier: Optional[Callable[[], Any]] = None,
-        draft_device: Any = None,
+        device: Device,
+        barrier: Optional[Callable[[], object]] = None,
+        draft_device: Optional[torch.Tensor] = None,
     ) -> StepMask:
         """:meth:`start_build` + :meth:`finish_build` in one call, after the target-verify launch, always inline:
         ``barrier()`` -> tree wait -> build -> upload -> neutralise. ``draft_device`` None means the caller cannot
@@ -328,9 +334,9 @@ class GrammarStep:
             self._executor = None
 
     # -- reporting -----------------------------------------------------------------------------------------------
-    def snapshot(self) -> Dict[str, Any]:
+    def snapshot(self) -> Dict[str, StatValue]:
         s = self.stats
-        d: Dict[str, Any] = {
+        d: Dict[str, StatValue] = {
             "steps": s.steps,
             "grammar_s": s.grammar_s,
             "unhidden_s": s.unhidden_s,

@@ -33,11 +33,12 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 __all__ = [
     "FLUSH_INTERVAL_S",
     "GRAMMAR_PHASES",
+    "StepRecord",
     "TIMELINE_ENV",
     "Timeline",
     "group_steps",
@@ -54,13 +55,27 @@ _POINTS = frozenset({"tree_copy", "sample"})
 Event = Tuple[str, float, float, int, bool]
 
 
+class StepRecord(TypedDict):
+    """One grammar verify step of :func:`group_steps` (times in ms relative to its verify launch)."""
+
+    bs: int
+    launch_s: float
+    forward: List[float]
+    phases: Dict[str, List[List[float]]]
+    tree_copy: Optional[float]
+    sample: float
+    grammar_ms: float
+    apply_ms: float
+    period_ms: Optional[float]
+
+
 class Timeline:
     """Bounded event ring buffer; ``enabled`` only when constructed with a path (see :func:`timeline`)."""
 
-    def __init__(self, path: Optional[str] = None, capacity: int = 50_000, meta: Optional[Dict[str, Any]] = None):
+    def __init__(self, path: Optional[str] = None, capacity: int = 50_000, meta: Optional[Mapping[str, object]] = None):
         self.path = path
         self.enabled = bool(path)
-        self.meta: Dict[str, Any] = dict(meta or {})
+        self.meta: Dict[str, object] = dict(meta or {})
         self._events: Deque[Event] = deque(maxlen=capacity)
         self._appended = 0
         self._written = 0
@@ -86,7 +101,7 @@ class Timeline:
     def events(self) -> List[Event]:
         return list(self._events)
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self) -> Dict[str, object]:
         return {
             "pid": os.getpid(),
             "meta": self.meta,
@@ -143,7 +158,7 @@ def load_events(path: str) -> List[Event]:
 
 
 # -- analysis -------------------------------------------------------------------------------------------------------
-def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
+def group_steps(events: Iterable[Event]) -> List[StepRecord]:
     """Per grammar verify step: phase intervals in ms relative to the verify launch (start of its ``forward``).
 
     Returns dicts with ``bs``, ``launch_s`` (absolute), ``forward`` ``[0, end]``, ``phases`` ``{name: [[s, e], ...]}``,
@@ -152,7 +167,7 @@ def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
     step's launch with the same bs, None for the last). Steps without a grammar forward are skipped.
     """
     evs = sorted(events, key=lambda e: (e[2], e[1]))
-    steps: List[Dict[str, Any]] = []
+    steps: List[StepRecord] = []
     pending: List[Event] = []
     last_forward: Optional[Event] = None
     for ev in evs:
@@ -176,7 +191,10 @@ def group_steps(events: Iterable[Event]) -> List[Dict[str, Any]]:
             pending = []
             continue
         launch = fwd[1]
-        rel = lambda t: (t - launch) * 1e3  # noqa: E731
+
+        def rel(t: float) -> float:
+            return (t - launch) * 1e3
+
         phases: Dict[str, List[List[float]]] = {}
         tree_copy = None
         for p in pending:

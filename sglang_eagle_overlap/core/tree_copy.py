@@ -25,6 +25,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from sglang_eagle_overlap.core.protocols import DeviceEvent
+
 __all__ = ["HostTreeCopier", "PendingTree"]
 
 Tree = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -35,13 +37,13 @@ class PendingTree:
     """A verify tree whose host copy may still be in flight. ``resolve()`` is the only wait."""
 
     host: Tree
-    event: Optional[object] = None
+    event: Optional[DeviceEvent] = None
     resolved: bool = False
 
     def resolve(self) -> Tree:
         if not self.resolved:
             if self.event is not None:
-                self.event.synchronize()  # type: ignore[attr-defined]
+                self.event.synchronize()
             self.resolved = True
         return self.host
 

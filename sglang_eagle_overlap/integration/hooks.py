@@ -33,7 +33,7 @@ class Hook:
     why: str = ""
 
 
-def resolve_attr(path: str) -> Any:
+def resolve_attr(path: str) -> object:
     import pkgutil
 
     obj_path, attr = path.rsplit(".", 1)
@@ -45,7 +45,7 @@ def resolve_attr(path: str) -> Any:
     return getattr(obj, attr)
 
 
-def contains_hook(obj: Any, fn: Callable[..., Any]) -> bool:
+def contains_hook(obj: object, fn: Callable[..., Any]) -> bool:
     """True if ``obj`` is ``fn`` or a HookRegistry wrapper chain that calls ``fn``."""
     seen = 0
     while obj is not None and seen < 32:
@@ -62,6 +62,8 @@ def contains_hook(obj: Any, fn: Callable[..., Any]) -> bool:
     return False
 
 
+# ``registry`` is SGLang's ``HookRegistry`` class and a hook's ``fn`` takes and returns SGLang's objects: Any (SGLang
+# ships no types).
 def register_hooks(registry: Any, hooks: Sequence[Hook]) -> None:
     from sglang.srt.plugins.hook_registry import HookType
 

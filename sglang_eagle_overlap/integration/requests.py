@@ -32,6 +32,8 @@ __all__ = [
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
+# ``req`` / ``reqs`` are SGLang's ``Req`` objects and ``grammar`` its grammar objects: Any (SGLang ships no types).
+
 
 def is_xgrammar(grammar: Any) -> bool:
     """SGLang's ``XGrammarGrammar`` itself (not a wrapper such as the reasoning wrapper)."""

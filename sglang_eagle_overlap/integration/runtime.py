@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Set
+from typing import TYPE_CHECKING, Any, List, Optional, Set, Union
 
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import InFlight
+    from sglang_eagle_overlap.adapters.v0_5_23.band import VerifyContext
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -25,13 +29,14 @@ __all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "rese
 class Runtime:
     """``active`` is set only once every hook landed (plugin) or by a patched SGLang; ``result_queue`` is the overlap
     loop's queue of unprocessed (batch, result) pairs (0.5.16: the verify barrier advances what is still in it);
-    ``in_flight`` is the verify step between two hooks of the same ``run_eagle_verify`` call (0.5.16 hooks only)."""
+    ``in_flight`` is the verify step between two hooks of the same ``run_eagle_verify`` call (0.5.16 hooks: the plugin-owned
+    step; 0.5.23 with the grammar thread: the batch and barrier handed to the tree constructor)."""
 
     settings: Settings
     step: GrammarStep
     active: bool = False
-    result_queue: Any = None
-    in_flight: Any = None
+    result_queue: Any = None  # SGLang's own deque of (ScheduleBatch, result): Any (SGLang ships no types)
+    in_flight: Optional[Union[InFlight, VerifyContext]] = None
     origin: str = "plugin"
     announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
 

@@ -14,6 +14,8 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from sglang_eagle_overlap.adapters.v0_5_16 import band
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
@@ -24,7 +26,10 @@ TARGET = (
 )
 
 
-def accept_grammar_tokens(original, self, req, tokens, *args, **kwargs):
+# ``self`` (SGLang's SchedulerBatchResultProcessor), ``req`` and ``tokens`` are SGLang's objects: Any (SGLang ships no
+# types).
+def accept_grammar_tokens(original: Callable[..., Any], self: Any, req: Any, tokens: Any, *args: Any,
+                          **kwargs: Any) -> Any:
     rt = runtime.active()
     if rt is None or req.grammar is None or not band.is_eagle_family(getattr(self, "server_args", None)):
         return original(self, req, tokens, *args, **kwargs)

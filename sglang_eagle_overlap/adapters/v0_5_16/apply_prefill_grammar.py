@@ -14,6 +14,8 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from sglang_eagle_overlap.adapters.v0_5_16 import band
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
@@ -24,11 +26,13 @@ TARGET = (
 )
 
 
-def apply_prefill_grammar(original, self, *args, **kwargs):
+# ``self`` (SGLang's SchedulerBatchResultProcessor) and ``req`` are SGLang's objects: Any (SGLang ships no types).
+def apply_prefill_grammar(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
     req = kwargs.get("req", args[0] if args else None)
     next_token_id = kwargs.get("next_token_id", args[1] if len(args) > 1 else None)
     rt = runtime.active()
-    if rt is None or req is None or req.grammar is None or not band.is_eagle_family(getattr(self, "server_args", None)):
+    if (rt is None or req is None or next_token_id is None or req.grammar is None
+            or not band.is_eagle_family(getattr(self, "server_args", None))):
         return original(self, *args, **kwargs)
     band.accept_prefill_token(rt, req, next_token_id)
     return None

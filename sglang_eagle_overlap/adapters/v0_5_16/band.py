@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core.step import MaskJob
@@ -38,6 +38,12 @@ from sglang_eagle_overlap.integration.requests import (
     mask_requests,
 )
 from sglang_eagle_overlap.integration.runtime import Runtime
+
+if TYPE_CHECKING:
+    import torch
+
+# Every ``Any`` below is one of SGLang's objects (ScheduleBatch, Req, EagleVerifyInput, results, server args):
+# SGLang ships no types.
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -153,7 +159,7 @@ def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyS
     return VerifyStep(batch=batch, pending=pending, job=job)
 
 
-def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Any:
+def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Optional[torch.Tensor]:
     """After the target-verify launch, before sampling. Returns the device mask (None: no row constrained)."""
     if verify.job is not None:
         job, verify.job = verify.job, None

@@ -16,6 +16,8 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import in_flight_for
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
@@ -23,7 +25,9 @@ from sglang_eagle_overlap.integration.hooks import Hook
 TARGET = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify"
 
 
-def eagle_prepare_for_verify(original, verify_input, req_to_token_pool, batch, *args, **kwargs):
+# The arguments and the return value are SGLang's objects: Any (SGLang ships no types).
+def eagle_prepare_for_verify(original: Callable[..., Any], verify_input: Any, req_to_token_pool: Any, batch: Any,
+                             *args: Any, **kwargs: Any) -> Any:
     result = original(verify_input, req_to_token_pool, batch, *args, **kwargs)
     cur = in_flight_for(runtime.active(), batch)
     if cur is not None:

@@ -15,18 +15,26 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
 from sglang_eagle_overlap.adapters.v0_5_16 import band
 from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import in_flight_for
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
 
+if TYPE_CHECKING:
+    import torch
+
 TARGET = "sglang.srt.speculative.eagle_utils.eagle_sample"
 
 
-def eagle_sample(original, verify_input, batch, logits_output, vocab_mask=None, *args, **kwargs):
+# ``verify_input`` (EagleVerifyInput), ``batch``, ``logits_output`` and the return value are SGLang's objects: Any
+# (SGLang ships no types).
+def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, logits_output: Any,
+                 vocab_mask: Optional[torch.Tensor] = None, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
     cur = in_flight_for(rt, batch)
-    if cur is None or vocab_mask is not None:
+    if rt is None or cur is None or vocab_mask is not None:
         return original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
     cur.restore()
     vocab_mask = band.build_vocab_mask(rt, cur.verify, verify_input, batch)

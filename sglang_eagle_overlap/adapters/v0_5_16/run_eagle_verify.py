@@ -17,7 +17,7 @@ When to remove: when 0.5.16 is no longer supported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sglang_eagle_overlap.adapters.v0_5_16 import band
 from sglang_eagle_overlap.integration import runtime
@@ -44,16 +44,17 @@ class InFlight:
             self.hidden = False
 
 
-def in_flight_for(rt: Any, batch: Any) -> Optional[InFlight]:
+def in_flight_for(rt: Optional[runtime.Runtime], batch: Any) -> Optional[InFlight]:
     """The in-flight step of ``batch``, if the plugin owns this verify."""
     cur = None if rt is None else rt.in_flight
-    return cur if cur is not None and cur.verify.batch is batch else None
+    return cur if isinstance(cur, InFlight) and cur.verify.batch is batch else None
 
 
-def run_eagle_verify(original, batch, *args, **kwargs):
+# ``batch`` (SGLang's ScheduleBatch) and the return value are SGLang's objects: Any (SGLang ships no types).
+def run_eagle_verify(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
     verify = None if rt is None else band.begin_verify(rt, batch, batch.spec_info)
-    if verify is None:
+    if rt is None or verify is None:
         return original(batch, *args, **kwargs)
     cur = rt.in_flight = InFlight(verify)
     try:

@@ -16,6 +16,8 @@ When to remove: when 0.5.16 is no longer supported.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from sglang_eagle_overlap.adapters.v0_5_16 import band
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
@@ -23,7 +25,8 @@ from sglang_eagle_overlap.integration.hooks import Hook
 TARGET = "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch"
 
 
-def is_disable_overlap_for_batch(original, self, batch, *args, **kwargs):
+# ``self`` (SGLang's Scheduler), ``batch`` and the return value are SGLang's objects: Any (SGLang ships no types).
+def is_disable_overlap_for_batch(original: Callable[..., Any], self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
     if rt is None or not band.keeps_overlap(rt, batch, getattr(self, "result_queue", None)):
         return original(self, batch, *args, **kwargs)

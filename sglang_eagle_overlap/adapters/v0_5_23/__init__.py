@@ -51,7 +51,7 @@ class Adapter(BandAdapter):
     name = "sglang-0.5.23"
     hooks = HOOKS
 
-    def register(self, registry: Any) -> None:
+    def register(self, registry: Any) -> None:  # SGLang's HookRegistry class (SGLang ships no types)
         grammar_tree.capture_original()
         super().register(registry)
 

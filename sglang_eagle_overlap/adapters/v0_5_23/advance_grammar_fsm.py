@@ -15,7 +15,7 @@ When to remove: together with the other hooks, when upstream's grammar path no l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from sglang_eagle_overlap.adapters.v0_5_23 import band
 from sglang_eagle_overlap.integration import runtime
@@ -27,7 +27,9 @@ TARGET = (
 )
 
 
-def advance_grammar_fsm_around(original: Any, self: Any, result: Any, batch: Any) -> None:
+# ``self`` (SGLang's SchedulerBatchResultProcessor), ``result`` and ``batch`` are SGLang's objects: Any (SGLang ships
+# no types).
+def advance_grammar_fsm_around(original: Callable[..., Any], self: Any, result: Any, batch: Any) -> Any:
     rt = runtime.active()
     if rt is None:
         return original(self, result, batch)

@@ -21,9 +21,10 @@ From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
+from torch.types import Device
 
 from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
@@ -34,6 +35,8 @@ from sglang_eagle_overlap.integration.runtime import Runtime
 __all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "build_grammar_vocab_mask", "hand_over_verify",
            "output_stride", "patched_grammar_tree", "start_grammar_job"]
 
+# Every ``Any`` below is one of SGLang's objects (its GrammarTree class, Req, SamplingBatchInfo, GrammarMask, batches
+# and results): SGLang ships no types.
 _sglang_tree: List[Any] = [None]  # SGLang's own GrammarTree, used while the runtime is off
 
 
@@ -133,8 +136,8 @@ def capture_sglang_tree(cls: Any) -> None:
         _sglang_tree[0] = cls
 
 
-def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree, sampling_info: Any, device: Any,
-                             barrier: Any) -> Any:
+def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree, sampling_info: Any,
+                             device: Device, barrier: Optional[Callable[[], object]]) -> Any:
     """After the target-verify launch, before sampling: barrier -> tree wait -> native mask -> non-blocking upload.
     Returns SGLang's ``GrammarMask`` (None: no request constrained). Chain trees without a neutralisable draft tensor
     are built without a time limit (exact, never neutralised)."""

@@ -16,7 +16,7 @@ When to remove: when upstream builds tree masks natively without per-node ``roll
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from sglang_eagle_overlap.adapters.v0_5_23 import band
 from sglang_eagle_overlap.integration import runtime
@@ -25,7 +25,8 @@ from sglang_eagle_overlap.integration.hooks import Hook
 TARGET = "sglang.srt.speculative.spec_utils.build_grammar_vocab_mask"
 
 
-def build_grammar_vocab_mask_around(original: Any, *args: Any, **kwargs: Any) -> Any:
+# SGLang's arguments (requests, tree, sampling info) and its GrammarMask result: Any (SGLang ships no types).
+def build_grammar_vocab_mask_around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
     tree = kwargs.get("tree")
     if args or rt is None or not isinstance(tree, band.PluginGrammarTree):

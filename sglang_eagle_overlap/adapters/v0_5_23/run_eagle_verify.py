@@ -33,7 +33,7 @@ TARGET = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
 def run_eagle_verify(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
     ctx = None if rt is None else band.hand_over_verify(rt, batch, kwargs.get("grammar_barrier"))
-    if ctx is None:
+    if rt is None or ctx is None:
         return original(batch, *args, **kwargs)
     try:
         return original(batch, *args, **kwargs)

@@ -1,0 +1,58 @@
+"""The shapes of the objects the core calls but does not own, as ``typing.Protocol`` classes (structural: any object
+with these methods fits; nothing here is checked at run time, and this module imports nothing but ``typing``).
+
+* :class:`ForwardProbe` -- ``GrammarStep(probe=...)``: told when the verify forward is launched and when the mask is
+  ready; returns the grammar time the forward did not hide
+  (:class:`~sglang_eagle_overlap.metrics.ForwardReadyProbe`). Call order per step: ``on_launch`` ->
+  ``on_mask_start`` -> ``on_mask_ready``.
+* :class:`StepExporter` -- ``GrammarStep(exporter=...)``: receives each step's numbers once, after the mask is ready
+  (:class:`~sglang_eagle_overlap.metrics.PrometheusExporter`).
+* :class:`DeviceEvent` -- a device runtime's event (what ``torch.get_device_module(device).Event()`` returns, e.g.
+  ``torch.cuda.Event``) fencing a non-blocking copy: ``record()`` on the copying stream, ``synchronize()`` before
+  the host reads or reuses the buffer.
+* :class:`WalkMatcher` -- what the exact tree walk calls on a grammar: an ``xgrammar.GrammarMatcher``, or a host
+  grammar object presented as one (``accept_token`` -> False on rejection).
+* :data:`StatValue` -- one value of the stats snapshot (``GrammarStep.snapshot``, the JSON stats file).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Protocol, Union
+
+if TYPE_CHECKING:
+    from torch.types import Device
+
+__all__ = ["DeviceEvent", "ForwardProbe", "StatValue", "StepExporter", "WalkMatcher"]
+
+StatValue = Union[int, float, str, bool]
+
+
+class ForwardProbe(Protocol):
+    def on_launch(self, device: Device = None) -> None:
+        """Just before the target-verify launch (where the verify tree's host copy starts), on the launching
+        thread."""
+
+    def on_mask_start(self, device: Device = None, t: Optional[float] = None) -> None:
+        """After the launch call returned, when the mask step starts (``t``: its ``perf_counter`` time)."""
+
+    def on_mask_ready(self, t_ready: float) -> float:
+        """The mask is handed to sampling at ``t_ready``; returns the un-hidden seconds that became known now."""
+
+
+class StepExporter(Protocol):
+    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int) -> None:
+        """One verify step: grammar seconds, the part of them not hidden by the forward, mask time-limit hits."""
+
+
+class DeviceEvent(Protocol):
+    def record(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+class WalkMatcher(Protocol):
+    def accept_token(self, token_id: int, /) -> bool: ...
+
+    def rollback(self, num_tokens: int, /) -> None: ...
+
+    def is_terminated(self) -> bool: ...
