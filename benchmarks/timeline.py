@@ -1,4 +1,4 @@
-"""Overlap timeline of the grammar work per EAGLE3 verify step, and a TPOT prediction per batch size.
+"""Overlap timeline of the grammar work per EAGLE3 verify step, measured in the SGLang engine on CPU.
 
 Two steps:
 
@@ -19,14 +19,11 @@ runtime's test-only :mod:`sglang_eo_dev.cpu_runtime.timeline_probe`). Writes
     .venvs/sglang-0.5.23/bin/python benchmarks/timeline.py plot
 
 merges those JSONs into ``timeline.png`` (one measured step per path, phases relative to the verify launch),
-``timeline_tpot.png`` + ``timeline.md`` (predicted TPOT for batch sizes 1-64, the model check against the CPU engine)
-and ``timeline.json``.
+``timeline.md`` (per-step medians and the CPU decomposition of :func:`decompose`) and ``timeline.json``.
 
 What a CPU engine can and cannot show: its "GPU" forward runs synchronously inside the launch call, so the measured
-timeline shows the CPU phases and where they sit relative to the launch and the sampling, but no real overlap. The
-prediction replaces the forward by a GPU verify-time model (:class:`GpuModel`, defaults from published H100
-Llama-3.1-8B + EAGLE3 numbers) and the grammar costs by measured per-step costs at a 32k vocabulary
-(``benchmarks/results/grammar_step.json``). Not a test: nothing here gates CI.
+timeline shows the CPU phases and where they sit relative to the launch and the sampling, but no real overlap. Nothing
+here predicts GPU step time (the step model of issue 17 does that). Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -40,9 +37,8 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -57,117 +53,39 @@ from sglang_eagle_overlap.core.timeline import (  # noqa: E402
     step_periods,
 )
 
-PATHS = {  # (sglang minor band, plugin) -> label, how its grammar work is scheduled
-    ("0.5.16", False): ("SGLang 0.5.16, no plugin (forced sync)", "sync", "sglang_ms"),
-    ("0.5.16", True): ("SGLang 0.5.16 + plugin", "overlap", "lockstep1_ms"),
-    ("0.5.23", False): ("SGLang 0.5.23 upstream overlap", "overlap", "sglang_ms"),
-    ("0.5.23", True): ("SGLang 0.5.23 + plugin", "overlap", "lockstep1_ms"),
+PATHS = {  # (sglang minor band, plugin) -> plot label
+    ("0.5.16", False): "SGLang 0.5.16, no plugin (forced sync)",
+    ("0.5.16", True): "SGLang 0.5.16 + plugin",
+    ("0.5.23", False): "SGLang 0.5.23 upstream overlap",
+    ("0.5.23", True): "SGLang 0.5.23 + plugin",
 }
 PHASE_COLORS = {"advance": "tab:orange", "tree_wait": "tab:purple", "mask_build": "tab:red", "mask_upload": "tab:brown",
                 "mask_apply": "tab:gray"}
 LANES = ("forward", *GRAMMAR_PHASES, "mask_apply")
 
 
-# -- prediction model -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GpuModel:
-    """Per-step GPU time of Llama-3.1-8B + EAGLE3 on one H100 (bf16), as a function of the batch size.
-
-    * ``decode_ms`` 6.32: one memory-bound target forward at bs 1 = 1 / 158.34 tok/s, SGLang without speculation on
-      1x H100, Llama-3.1-8B-Instruct, MT-bench (SGLang docs, "Speculative Decoding" performance table,
-      https://docs.sglang.ai/advanced_features/speculative_decoding.html). A verify forward of a few tokens per request
-      reads the same weights, so it costs the same until it becomes compute-bound.
-    * ``per_token_us`` 32.5: compute-bound cost per verified token = 2 x 8.03e9 FLOP / (989 TFLOP/s dense bf16, H100
-      SXM datasheet, x 0.5 achieved utilisation).
-    * ``draft_step_ms`` 0.35 per draft step (3 steps): one EAGLE3 head layer (1/32 of the target's layers) plus its
-      lm_head over the draft vocabulary and launch overheads -- an estimate, not a published figure.
-    * ``accept_len`` 2.86: EAGLE3, Llama-3.1-8B, JSON Mode Eval, draft length 3 (NVIDIA TensorRT-LLM blog on guided
-      decoding + speculative decoding, quoted in notes/landscape.md).
-
-    Check: with these defaults bs 1 unconstrained predicts 1000 / ((6.32 + 3 x 0.35) / 2.86) = 388 tok/s against the
-    373.25 tok/s SGLang publishes for EAGLE3 on the same model and GPU (MT-bench, its own draft settings).
-    """
-
-    decode_ms: float = 6.32
-    per_token_us: float = 32.5
-    draft_steps: int = 3
-    draft_step_ms: float = 0.35
-    draft_tokens: int = 4
-    accept_len: float = 2.86
-
-    def verify_ms(self, bs: int) -> float:
-        return max(self.decode_ms, bs * self.draft_tokens * self.per_token_us / 1e3)
-
-    def draft_ms(self, bs: int) -> float:
-        return self.draft_steps * self.draft_step_ms
-
-
-def interpolate(points: Sequence[Tuple[float, float]], x: float) -> float:
-    """Piecewise-linear through ``points`` (sorted by x), linear extrapolation past the ends."""
-    pts = sorted(points)
-    if len(pts) == 1:
-        return pts[0][1]
-    if x <= pts[0][0]:
-        (x0, y0), (x1, y1) = pts[0], pts[1]
-    elif x >= pts[-1][0]:
-        (x0, y0), (x1, y1) = pts[-2], pts[-1]
-    else:
-        (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:]) if a[0] <= x <= b[0])
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def step_ms(mode: str, gpu: GpuModel, bs: int, grammar_ms: float, serial_ms: float = 0.0) -> float:
-    """One decode step. ``sync``: the grammar work runs after the forward (forced sync: forward + grammar).
-    ``overlap``: it runs under the verify forward; only what exceeds it, plus ``serial_ms`` (work that cannot start
-    before the forward is ready), delays sampling: max(verify, grammar) + serial."""
-    if mode == "sync":
-        return gpu.draft_ms(bs) + gpu.verify_ms(bs) + grammar_ms + serial_ms
-    if mode == "overlap":
-        return gpu.draft_ms(bs) + max(gpu.verify_ms(bs), grammar_ms) + serial_ms
-    raise ValueError(f"mode must be 'sync' or 'overlap', got {mode!r}")
-
-
-def predict(cost_points: Dict[str, List[Tuple[float, float]]], gpu: GpuModel, batch_sizes: Iterable[int],
-            serial_ms: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
-    """TPOT (ms per output token) per path and batch size, and the first bs at which grammar is no longer hidden.
-
-    ``cost_points[key]``: (bs, grammar ms per step) measured for that cost source (``sglang_ms`` / ``lockstep1_ms``).
-    """
-    serial_ms = serial_ms or {}
-    out: Dict[str, Any] = {"batch_sizes": list(batch_sizes), "paths": {}}
-    for (ver, plugin), (label, mode, cost_key) in PATHS.items():
-        key = f"{ver}-{'plugin' if plugin else 'stock'}"
-        rows = []
-        first_unhidden = None
-        for bs in out["batch_sizes"]:
-            g = max(0.0, interpolate(cost_points[cost_key], bs))
-            s = step_ms(mode, gpu, bs, g, serial_ms.get(key, 0.0))
-            hidden = mode == "overlap" and g <= gpu.verify_ms(bs)
-            if mode == "overlap" and not hidden and first_unhidden is None:
-                first_unhidden = bs
-            rows.append({"bs": bs, "grammar_ms": g, "verify_ms": gpu.verify_ms(bs), "step_ms": s,
-                         "tpot_ms": s / gpu.accept_len, "hidden": hidden})
-        unconstrained = [step_ms("overlap", gpu, r["bs"], 0.0) / gpu.accept_len for r in rows]
-        out["paths"][key] = {"label": label, "mode": mode, "cost": cost_key, "rows": rows,
-                             "first_unhidden_bs": first_unhidden, "unconstrained_tpot_ms": unconstrained}
-    return out
-
-
-def grammar_cost_points(path: Path, grammar: str = "nested", vocab: int = 32000, topk: int = 1,
-                        steps: int = 3) -> Dict[str, List[Tuple[float, float]]]:
-    rows = json.loads(path.read_text())["rows"]
-    sel = [r for r in rows if r["grammar"] == grammar and r["vocab"] == vocab and r["topk"] == topk
-           and r["steps"] == steps]
-    if not sel:
-        raise ValueError(f"{path}: no rows for grammar={grammar} vocab={vocab} topk={topk} steps={steps}")
-    return {k: [(r["bs"], r[k]) for r in sel] for k in ("sglang_ms", "lockstep1_ms")}
-
-
 # -- the CPU engine run ---------------------------------------------------------------------------------------------
+DECOMPOSITION = ("parts_ms", "unaccounted_ms", "unaccounted_share")  # the fields decompose() adds
+
+
+def decompose(row: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """CPU decomposition of one batch size's medians (a measurement, not a prediction): on CPU nothing is hidden, so
+    the measured constrained step is compared with the sum of its measured parts -- the unconstrained step of the same
+    bs in the same engine + the recorded grammar phases + the sampler's mask application.
+
+    Returns ``parts_ms`` (that sum), ``unaccounted_ms`` (measured constrained step - parts; > 0: the constrained step
+    costs more than its recorded parts) and ``unaccounted_share`` (unaccounted / measured constrained step), or None
+    when either step period is missing."""
+    period, free = row.get("period_ms"), row.get("free_period_ms")
+    if not period or not free:
+        return None
+    parts = free + row["grammar_ms"] + row["apply_ms"]
+    return {"parts_ms": parts, "unaccounted_ms": period - parts, "unaccounted_share": (period - parts) / period}
+
+
 def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, Any]:
-    """Per bs: medians of the grammar phases, forward, constrained and unconstrained step periods; plus the model
-    check: predicted constrained period = unconstrained period + grammar + mask application (on CPU nothing is
-    hidden)."""
+    """Per bs: medians of the grammar phases, forward, constrained and unconstrained step periods, the loop's
+    ``run_batch`` / ``postprocess`` spans, and the :func:`decompose` fields when both periods were measured."""
     steps = group_steps(events)
     free = step_periods(events, grammar=False)
     free_fwd: Dict[int, List[float]] = {}
@@ -195,9 +113,7 @@ def summarize(events: List[Tuple[str, float, float, int, bool]]) -> Dict[str, An
             "loop_ms": {f"{part}_{'constrained' if g else 'free'}": statistics.median(loop[(part, bs, g)])
                         for part in ("run_batch", "postprocess") for g in (True, False) if loop.get((part, bs, g))},
         }
-        if row["period_ms"] and row["free_period_ms"]:
-            row["predicted_period_ms"] = row["free_period_ms"] + row["grammar_ms"] + row["apply_ms"]
-            row["prediction_error"] = row["predicted_period_ms"] / row["period_ms"] - 1.0
+        row.update(decompose(row) or {})
         by_bs[bs] = row
     return {"by_bs": by_bs, "steps": steps}
 
@@ -285,7 +201,7 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
         step = representative(run["steps"], bs)
         ver, kind = key.split("-")
         n_steps = run["by_bs"].get(str(bs), {}).get("steps", 0)
-        ax.set_title(PATHS[(ver, kind == "plugin")][0] + f"  (bs {bs}, median step of {n_steps})",
+        ax.set_title(PATHS[(ver, kind == "plugin")] + f"  (bs {bs}, median step of {n_steps})",
                      fontsize=9, loc="left")
         if step is None:
             continue
@@ -314,66 +230,43 @@ def plot_timeline(runs: Dict[str, Dict[str, Any]], bs: int, out: Path) -> None:
     plt.close(fig)
 
 
-def plot_tpot(pred: Dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5))
-    styles = {"0.5.16-stock": ("tab:red", "-"), "0.5.23-stock": ("tab:orange", "-"),
-              "0.5.16-plugin": ("tab:blue", "--"), "0.5.23-plugin": ("tab:green", ":")}
-    bss = pred["batch_sizes"]
-    first = next(iter(pred["paths"].values()))
-    ax.plot(bss, first["unconstrained_tpot_ms"], color="gray", lw=1, label="no grammar")
-    for key, p in pred["paths"].items():
-        color, ls = styles[key]
-        ax.plot(bss, [r["tpot_ms"] for r in p["rows"]], color=color, ls=ls, label=p["label"])
-        if p["first_unhidden_bs"] is not None:
-            r = next(r for r in p["rows"] if r["bs"] == p["first_unhidden_bs"])
-            ax.plot([r["bs"]], [r["tpot_ms"]], marker="o", color=color)
-            ax.annotate(f"grammar > verify from bs {r['bs']}", (r["bs"], r["tpot_ms"]), fontsize=7, color=color,
-                        xytext=(4, -12), textcoords="offset points")
-    ax.set_xlabel("batch size (constrained requests)")
-    ax.set_ylabel("predicted TPOT, ms / output token")
-    ax.set_title("Predicted TPOT, Llama-3.1-8B + EAGLE3 (topk 1, 4 draft tokens) on 1x H100: GPU time model from "
-                 "published numbers,\ngrammar cost per step measured on this CPU (32k vocab, nested JSON schema)",
-                 fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def cmd_plot(args: argparse.Namespace) -> None:
+def load_runs(results: Path) -> Dict[str, Dict[str, Any]]:
+    """The ``timeline_<band>_<stock|plugin>.json`` files under ``results``, keyed ``<band>-<kind>``. Batch sizes with
+    fewer than 3 steps are dropped, and the :func:`decompose` fields are recomputed from each row's medians (files
+    written before the decomposition existed carry other keys)."""
     runs: Dict[str, Dict[str, Any]] = {}
-    for f in sorted(RESULTS.glob("timeline_0.5.*_*.json")):
+    for f in sorted(results.glob("timeline_0.5.*_*.json")):
         band, kind = f.stem.split("_")[1:]
         run = json.loads(f.read_text())
         # a batch size seen only in a stray step (the warm-up's last one) says nothing
         run["by_bs"] = {bs: r for bs, r in run["by_bs"].items() if r["steps"] >= 3}
+        for r in run["by_bs"].values():
+            for old in ("predicted_period_ms", "prediction_error", *DECOMPOSITION):
+                r.pop(old, None)
+            r.update(decompose(r) or {})
         runs[f"{band}-{kind}"] = run
+    return runs
+
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    results: Path = args.results
+    runs = load_runs(results)
     if not runs:
-        raise SystemExit("no benchmarks/results/timeline_<band>_<stock|plugin>.json yet: run the 'run' step first")
-    gpu = GpuModel(decode_ms=args.verify_ms, accept_len=args.accept_len)
-    costs = grammar_cost_points(RESULTS / "grammar_step.json")
-    serial = {k: statistics.median([r["phase_ms"]["mask_upload"] for r in run["by_bs"].values()])
-              for k, run in runs.items()}
-    pred = predict(costs, gpu, range(1, 65), serial)
-    plot_timeline(runs, args.bs, RESULTS / "timeline.png")
-    plot_tpot(pred, RESULTS / "timeline_tpot.png")
-    cols = ("grammar_ms", "apply_ms", "free_period_ms", "period_ms", "predicted_period_ms", "prediction_error")
-    check = {k: {bs: {c: r.get(c) for c in cols} for bs, r in run["by_bs"].items()} for k, run in runs.items()}
-    (RESULTS / "timeline.json").write_text(json.dumps(
-        {"gpu_model": asdict(gpu), "serial_ms": serial, "prediction": pred, "cpu_check": check,
-         "runs_meta": {k: r["meta"] for k, r in runs.items()}}, indent=1))
-    (RESULTS / "timeline.md").write_text(render_md(runs, pred, gpu, check))
-    print((RESULTS / "timeline.md").read_text())
+        raise SystemExit(f"no {results}/timeline_<band>_<stock|plugin>.json yet: run the 'run' step first")
+    plot_timeline(runs, args.bs, results / "timeline.png")
+    cols = ("grammar_ms", "apply_ms", "free_period_ms", "period_ms", *DECOMPOSITION)
+    decomposition = {k: {bs: {c: r.get(c) for c in cols} for bs, r in run["by_bs"].items()}
+                     for k, run in runs.items()}
+    (results / "timeline.json").write_text(json.dumps(
+        {"cpu_decomposition": decomposition, "runs_meta": {k: r["meta"] for k, r in runs.items()}}, indent=1))
+    (results / "timeline.md").write_text(render_md(runs))
+    print((results / "timeline.md").read_text())
 
 
-def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: Dict[str, Any]) -> str:
-    lines = ["# Overlap timeline and TPOT prediction", ""]
+def render_md(runs: Dict[str, Any]) -> str:
+    """``timeline.md``: the commands, the per-bs medians with the CPU decomposition, the decode loop's spans."""
+    lines = ["# Overlap timeline of the grammar work (measured on the CPU engine)", ""]
     lines.append("Commands:")
     lines.append("")
     for k, r in runs.items():
@@ -383,21 +276,25 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
     lines += ["", "## Measured on the CPU engine (medians per step, ms; tiny 4k-vocab follower model, EAGLE3 topk 1)",
               "",
               "| path | bs | steps | advance | tree wait | mask build | upload | grammar | mask apply | "
-              "verify fwd (CPU) | step, constrained | step, unconstrained | predicted step | error |",
+              "verify fwd (CPU) | step, constrained | step, unconstrained | unconstrained + grammar + apply | "
+              "unaccounted |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     for k, run in runs.items():
         for bs, r in run["by_bs"].items():
             ph = r["phase_ms"]
-            fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
-            err = r.get("prediction_error")
+            un = ("—" if r.get("unaccounted_ms") is None else
+                  f"{r['unaccounted_ms']:+.2f} ({r['unaccounted_share']:+.1%})")
             lines.append(f"| {k} | {bs} | {r['steps']} | {fmt(ph['advance'])} | {fmt(ph['tree_wait'])} | "
                          f"{fmt(ph['mask_build'])} | {fmt(ph['mask_upload'])} | {fmt(r['grammar_ms'])} | "
                          f"{fmt(r['apply_ms'])} | "
                          f"{fmt(r['forward_ms'])} | {fmt(r['period_ms'])} | {fmt(r['free_period_ms'])} | "
-                         f"{fmt(r.get('predicted_period_ms'))} | {'—' if err is None else f'{err:+.1%}'} |")
-    lines += ["", "Model check: on CPU nothing is hidden, so the model predicts a constrained step = the unconstrained "
-              "step of the same batch in the same engine + the measured grammar phases + the sampler's mask "
-              "application; `error` = predicted / measured - 1.", "",
+                         f"{fmt(r.get('parts_ms'))} | {un} |")
+    lines += ["", "CPU decomposition (measurements only, no prediction): on CPU nothing is hidden, so the measured "
+              "constrained step is set against the sum of its measured parts -- the unconstrained step of the same "
+              "batch size in the same engine + the recorded grammar phases + the sampler's mask application. "
+              "`unaccounted` = measured constrained step - that sum, in ms and as a share of the constrained step "
+              "(> 0: the constrained step costs more than its recorded parts).", "",
               "Where a decode loop iteration spends its time (medians, ms; `run_batch` = draft + verify forward + "
               "grammar + sampling, `postprocess` = `process_batch_result`), constrained / unconstrained:", "",
               "| path | bs | run_batch | postprocess | step | rest (scheduling, other processes) |",
@@ -414,31 +311,6 @@ def render_md(runs: Dict[str, Any], pred: Dict[str, Any], gpu: GpuModel, check: 
             rest = (r["period_ms"] - rb[0] - pp[0], r["free_period_ms"] - rb[1] - pp[1])
             lines.append(f"| {k} | {bs} | {rb[0]:.2f} / {rb[1]:.2f} | {pp[0]:.2f} / {pp[1]:.2f} | "
                          f"{r['period_ms']:.2f} / {r['free_period_ms']:.2f} | {rest[0]:.2f} / {rest[1]:.2f} |")
-    lines += ["",
-              "## Predicted TPOT on 1x H100, Llama-3.1-8B + EAGLE3 (ms per output token)", "",
-              f"GPU model: {asdict(gpu)} (sources in `benchmarks/timeline.py`, `GpuModel`). Grammar cost per step: "
-              "`benchmarks/results/grammar_step.json` (32k vocab, nested JSON schema, topk 1 / 3 steps / 4 nodes; "
-              "SGLang's Python DFS for the stock paths, the plugin's one-thread lockstep build for the plugin). "
-              "Forced sync: draft + verify + grammar; overlapped: draft + max(verify, grammar) + upload. "
-              "**bold** = grammar no longer hidden under the verify forward.", ""]
-    show = [1, 2, 4, 8, 16, 24, 32, 48, 64]
-    lines.append("| path | " + " | ".join(f"bs {b}" for b in show) + " | grammar unhidden from bs |")
-    lines.append("|---|" + "---|" * (len(show) + 1))
-    first = next(iter(pred["paths"].values()))
-    free = first["unconstrained_tpot_ms"]
-    lines.append("| no grammar | " + " | ".join(f"{free[b - 1]:.2f}" for b in show) + " | — |")
-    for k, p in pred["paths"].items():
-        cells = []
-        for b in show:
-            r = p["rows"][b - 1]
-            v = f"{r['tpot_ms']:.2f}"
-            cells.append(f"**{v}**" if p["mode"] == "overlap" and not r["hidden"] else v)
-        fu = p["first_unhidden_bs"]
-        if p["mode"] == "sync":
-            where = "always (sync)"
-        else:
-            where = "never (≤ 64)" if fu is None else str(fu)
-        lines.append(f"| {p['label']} | " + " | ".join(cells) + f" | {where} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -449,10 +321,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     r = sub.add_parser("run", help="run both paths (stock, plugin) of this venv's SGLang on the CPU engine")
     r.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     r.add_argument("--repeats", type=int, default=2)
-    p = sub.add_parser("plot", help="merge the runs: timeline.png, timeline_tpot.png, timeline.{md,json}")
+    p = sub.add_parser("plot", help="merge the runs: timeline.png, timeline.{md,json}")
     p.add_argument("--bs", type=int, default=8, help="batch size of the step drawn in timeline.png")
-    p.add_argument("--verify-ms", type=float, default=GpuModel.decode_ms, help="GPU verify forward at small bs, ms")
-    p.add_argument("--accept-len", type=float, default=GpuModel.accept_len)
+    p.add_argument("--results", type=Path, default=RESULTS,
+                   help="folder with the timeline_<band>_<stock|plugin>.json runs; the outputs are written there")
     args = ap.parse_args(argv)
     {"run": cmd_run, "plot": cmd_plot}[args.cmd](args)
 
