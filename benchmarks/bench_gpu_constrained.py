@@ -34,7 +34,7 @@ schema text was not recorded (the notes say "a 5-field nested schema with arrays
 "best of 2" client-side timings, this script's cell is the median of scheduler-timed steps (``best`` is shown too);
 the step probe adds two clock reads per grammar region and one small file write per step to the scheduler thread.
 Another workload (a real model pair, another schema) is one more entry in ``WORKLOADS``; ``scripts/gpu/run.sh
-bench-workload NAME OUT`` runs it.
+bench-workload OUT NAME`` runs it.
 
 Devices:
 
@@ -160,7 +160,7 @@ class Workload:
 
 
 # A second workload (a real model pair, another schema) is one more entry here; run it with
-# `scripts/gpu/run.sh bench-workload NAME OUT` (or `--workload NAME`).
+# `scripts/gpu/run.sh bench-workload OUT NAME [SHAPE]` (or `--workload NAME`).
 WORKLOADS: Dict[str, Workload] = {
     "dummy-8b-json": Workload("dummy-8b-json", "the measured H200 table: Llama-3.1-8B-shaped dummy + EAGLE3 draft, "
                               "BENCH_SCHEMA, 160-token outputs", "llama-3.1-8b", "llama-3.1-8b-eagle3", BENCH_SCHEMA),
