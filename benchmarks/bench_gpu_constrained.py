@@ -30,9 +30,10 @@ verify and the full tree mask), a locally built 128k byte-level BPE tokenizer (~
 ``constrained_json_disable_any_whitespace=True`` (as the table and the CUDA tests), 160-token outputs, and
 ``BENCH_SCHEMA``: 5 fields, a nested object, arrays with lengths, patterns. What may differ from the table: the table's
 schema text was not recorded (the notes say "a 5-field nested schema with arrays, lengths and a pattern", which
-``BENCH_SCHEMA`` is; its ``log`` array needs >= 64 items so no request can end before 160 tokens); the table was
-"best of 2" client-side timings, this script's cell is the median of scheduler-timed steps (``best`` is shown too);
-the step probe adds two clock reads per grammar region and one small file write per step to the scheduler thread.
+``BENCH_SCHEMA`` is; its ``log`` array needs >= 64 items so no request can end before 160 tokens); the table gives
+the best of 2 runs and does not record how it timed a step, this script's cell is the median of scheduler-timed steps
+(``best`` is shown too); the step probe adds two clock reads per grammar region and one small file write per step to
+the scheduler thread.
 Another workload (a real model pair, another schema) is one more entry in ``WORKLOADS``; ``scripts/gpu/run.sh
 bench-workload OUT NAME`` runs it.
 
