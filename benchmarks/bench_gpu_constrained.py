@@ -148,8 +148,9 @@ BENCH_SCHEMA: Dict[str, Any] = {
 class Workload:
     """What the engines run and the requests ask for. ``target_config`` / ``draft_config``: directories under
     ``benchmarks/configs/`` whose ``config.json`` is loaded with random weights (``load_format="dummy"``) and a local
-    tokenizer of the config's vocabulary; ``--model-path`` / ``--draft-model-path`` replace them with a real pair.
-    ``max_new_tokens`` is the GPU default (CPU mode: 24); ``schema`` must keep every request running to it."""
+    tokenizer of the config's vocabulary; ``model_path`` / ``draft_model_path`` (a real pair, e.g. a local checkpoint
+    on the GPU host) replace them, and ``--model-path`` / ``--draft-model-path`` replace both. ``max_new_tokens`` is
+    the GPU default (CPU mode: 24); ``schema`` must keep every request running to it (or the md flags the cell)."""
 
     name: str
     what: str
@@ -158,6 +159,8 @@ class Workload:
     schema: Dict[str, Any]
     max_new_tokens: int = 160
     prompt: str = "Request {rnd}-{i}: write the service record as JSON."
+    model_path: Optional[str] = None
+    draft_model_path: Optional[str] = None
 
 
 # A second workload (a real model pair, another schema) is one more entry here; run it with
@@ -601,6 +604,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         ap.error(f"--variants: unknown {bad}; choose from {','.join(VARIANTS)}")
     if bool(args.model_path) != bool(args.draft_model_path):
         ap.error("--model-path and --draft-model-path go together")
+    if gpu and not args.model_path and args.workload_def.model_path:
+        args.model_path, args.draft_model_path = args.workload_def.model_path, args.workload_def.draft_model_path
     if args.model_path and not gpu:
         ap.error("--model-path needs --device cuda (the CPU mode runs the tiny local pair)")
     args.dummy = gpu and not args.model_path

@@ -61,6 +61,24 @@ def test_gpu_engine_kwargs_are_the_measured_setup(bench):
         bench.parse_args(["--device", "cuda", "--workload", "no-such-workload"])
 
 
+def test_a_second_workload_is_one_registry_entry(bench, monkeypatch):
+    """The hook ``run.sh bench-workload OUT NAME`` uses: a workload with its own schema and a real pair."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    real = bench.Workload("real-8b", "a local checkpoint", "llama-3.1-8b", "llama-3.1-8b-eagle3", schema,
+                          max_new_tokens=96, model_path="/ckpt/target", draft_model_path="/ckpt/draft")
+    monkeypatch.setitem(bench.WORKLOADS, "real-8b", real)
+    args = bench.parse_args(["--device", "cuda", "--workload", "real-8b", "--shapes", "topk1"])
+    assert (args.model_path, args.draft_model_path, args.dummy) == ("/ckpt/target", "/ckpt/draft", False)
+    assert args.max_new_tokens == 96 and args.workload_def is real
+    kw = bench.gpu_engine_kwargs(args, args.shape_list[0], args.model_path, args.draft_model_path)
+    assert "load_format" not in kw and kw["model_path"] == "/ckpt/target"
+    assert json.loads(bench._params(real, "json", 8)["json_schema"]) == schema
+    assert "json_schema" not in bench._params(real, "unconstrained", 8)
+    override = bench.parse_args(["--device", "cuda", "--workload", "real-8b", "--model-path", "/m",
+                                 "--draft-model-path", "/d"])
+    assert (override.model_path, override.draft_model_path) == ("/m", "/d")
+
+
 def test_result_names_and_merge(bench):
     assert bench.result_name("cuda", "0.5.16", "dummy-8b-json", ["topk1", "topk4"]) == "gpu_constrained_cuda_0.5.16"
     assert bench.result_name("cuda", "0.5.16", "dummy-8b-json", ["topk1"]) == "gpu_constrained_cuda_0.5.16_topk1"
