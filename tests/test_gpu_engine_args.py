@@ -22,7 +22,7 @@ import pytest
 
 from benchmarks import gpu_engine_args as gea
 from sglang_eo_dev.helpers.scripts import loaded_script
-from tests.gpu.conftest import RETRACTION_CONFIG, SHAPES, GpuConfig, engine_kwargs
+from tests.gpu.conftest import RETRACTION_CONFIG, SHAPES, GpuConfig, engine_kwargs, server_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_FIELD = "cuda_graph_max_bs"  # SGLang's name before the decode/prefill split; no ServerArgs field on either band
@@ -74,6 +74,20 @@ def test_every_cuda_test_engine_argument_is_a_server_arg(names, cfg):
     kw = engine_kwargs(cfg, {"target": "/target", "draft": "/draft", "vocab_size": 4096, "eos_token_id": 1})
     assert gea.unknown_args(kw, names) == [], kw
     assert kw["constrained_json_disable_any_whitespace"] is True
+
+
+def test_the_cuda_tests_server_command_line_parses(names):
+    """The retraction test starts ``python -m sglang.launch_server`` with these flags: the installed SGLang's own
+    argument parser (built, not run) takes them and maps each back to its field."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    kw = engine_kwargs(RETRACTION_CONFIG, {"target": "/target", "draft": "/draft"})
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(server_flags(kw))
+    assert {k: getattr(ns, k) for k in kw} == kw
 
 
 def _old_spellings(source: str, suffix: str) -> List[str]:

@@ -88,6 +88,19 @@ def engine_kwargs(cfg: GpuConfig, pair: Dict[str, Any]) -> Dict[str, Any]:
     )
 
 
+def server_flags(kwargs: Dict[str, Any]) -> list:
+    """``python -m sglang.launch_server`` flags for engine keyword arguments (``True`` -> bare flag, ``False`` ->
+    omitted)."""
+    args: list = []
+    for k, v in kwargs.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            args += [flag] if v else []
+        else:
+            args += [flag, str(v)]
+    return args
+
+
 class GpuEnginePool:
     """At most one live in-process engine; ``get`` swaps it when the configuration changes."""
 

@@ -31,7 +31,7 @@ from typing import Any, Dict, List
 import pytest
 
 from ..e2e.common import EBNF, REGEX, ebnf_matches, output_ids
-from .conftest import RETRACTION_CONFIG, GpuConfig, engine_kwargs
+from .conftest import RETRACTION_CONFIG, GpuConfig, engine_kwargs, server_flags
 
 pytestmark = pytest.mark.cuda
 
@@ -185,13 +185,7 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         args = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--skip-server-warmup"]
-        for k, v in kwargs.items():
-            flag = "--" + k.replace("_", "-")
-            if isinstance(v, bool):
-                args += [flag] if v else []
-            else:
-                args += [flag, str(v)]
+                "--skip-server-warmup", *server_flags(kwargs)]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
