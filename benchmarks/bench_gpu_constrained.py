@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -446,18 +447,21 @@ def gpu_engine_kwargs(args: argparse.Namespace, shape: Shape, target: str, draft
 
 
 def install_step_probe(tmp: str) -> None:
-    """Make the dev step probe load in every engine process of this run: the dev package and a distribution declaring
-    the probe's SGLang plugin entry point go first on ``sys.path`` (spawned processes inherit it) and ``PYTHONPATH``.
-    On CPU the CPU runtime installs the same probe as well; the second install is a no-op."""
-    dev = str(ROOT / "dev")
-    if dev not in sys.path:
-        sys.path.insert(0, dev)
-    from sglang_eo_dev.cpu_runtime.step_times import write_probe_distribution
-
-    probe = write_probe_distribution(os.path.join(tmp, "step-probe"))
+    """Make the dev step probe load in every engine process of this run: a folder holding a distribution that
+    declares the probe's SGLang plugin entry point and a link to the dev package goes first on ``sys.path`` (spawned
+    processes inherit it) and ``PYTHONPATH``. The ``dev/`` folder itself is never put on the path (its CPU
+    ``sgl_kernel`` stand-in would shadow the real kernels on a GPU), so the writer is loaded from its file. On CPU the
+    CPU runtime installs the same probe as well; the second install is a no-op."""
+    path = ROOT / "dev" / "sglang_eo_dev" / "cpu_runtime" / "step_times.py"
+    spec = importlib.util.spec_from_file_location("_bench_step_probe_writer", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    probe = writer.write_probe_distribution(os.path.join(tmp, "step-probe"))
     sys.path.insert(0, probe)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (probe, dev)]
-    os.environ["PYTHONPATH"] = os.pathsep.join([probe, dev, *paths])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != probe]
+    os.environ["PYTHONPATH"] = os.pathsep.join([probe, *paths])
 
 
 def start_engine(args: argparse.Namespace, shape: Shape, plugin: bool, stats_file: Optional[str], step_file: str):

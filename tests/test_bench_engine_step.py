@@ -202,18 +202,30 @@ def test_install_without_the_env_variable_changes_nothing(monkeypatch):
 
 
 def test_probe_distribution_is_found_by_the_plugin_loader_in_a_fresh_process(tmp_path):
-    """What SGLang's loader does (``entry_points(group="sglang.srt.plugins")``), in a fresh interpreter whose
-    ``sys.path`` starts with the written directory: the probe's entry point is there and resolves to ``load``."""
+    """What SGLang's loader does (``entry_points(group="sglang.srt.plugins")``, then importing the target), in a fresh
+    interpreter without site-packages whose path is only the written folder: the entry point is there, its module
+    imports from the folder, and the dev folder's CPU ``sgl_kernel`` stand-in is not reachable (on a GPU host it
+    would shadow the real kernels)."""
+    import json
     import subprocess
     import sys
 
     d = step_times.write_probe_distribution(tmp_path / "probe")
-    code = ("import json; from importlib.metadata import entry_points; "
-            "print(json.dumps({e.name: e.value for e in entry_points(group='sglang.srt.plugins')}))")
-    env = {"PYTHONPATH": d, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    eps = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert step_times.write_probe_distribution(tmp_path / "probe") == d  # a second call (second engine) is fine
     name, target = step_times.PROBE_ENTRY_POINT
-    assert eps.get(name) == target
-    module, _, attr = target.partition(":")
-    assert module == "sglang_eo_dev.cpu_runtime.step_times" and callable(getattr(step_times, attr))
+    code = (
+        "import importlib, importlib.util, json; from importlib.metadata import entry_points\n"
+        "eps = {e.name: e for e in entry_points(group='sglang.srt.plugins')}\n"
+        f"fn = eps[{name!r}].load()\n"
+        "print(json.dumps({'eps': {k: e.value for k, e in eps.items()}, 'fn': fn.__module__ + ':' + fn.__name__,"
+        " 'file': importlib.import_module(fn.__module__).__file__,"
+        " 'sgl_kernel': importlib.util.find_spec('sgl_kernel') is not None}))"
+    )
+    env = {"PYTHONPATH": d, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["eps"] == {name: target} and got["fn"] == target
+    assert got["file"].startswith(str(tmp_path / "probe")) and got["sgl_kernel"] is False
+    assert sorted(p.name for p in (tmp_path / "probe").iterdir()) == ["sglang_eo_dev",
+                                                                      "sglang_eo_step_times_probe-0.0.dist-info"]

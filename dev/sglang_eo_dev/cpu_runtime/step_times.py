@@ -242,16 +242,24 @@ def load() -> None:
 
 
 def write_probe_distribution(directory: str | os.PathLike[str]) -> str:
-    """Write a minimal distribution declaring :data:`PROBE_ENTRY_POINT` into ``directory`` and return it. With
-    ``directory`` and this package's parent on ``sys.path`` / ``PYTHONPATH`` of the process that starts the engine,
-    SGLang's plugin loader finds :func:`load` in every engine process, as it would after a ``pip install``."""
+    """Make ``directory`` a path entry that gives SGLang's plugin loader this probe and nothing else, and return it:
+    a minimal distribution declaring :data:`PROBE_ENTRY_POINT` plus a symlink to this ``sglang_eo_dev`` package.
+    With ``directory`` first on ``sys.path`` / ``PYTHONPATH`` of the process that starts the engine, every engine
+    process finds :func:`load`, as after a ``pip install``. Only the package is linked, not the ``dev/`` folder: that
+    folder also holds the CPU stand-in of ``sgl_kernel``, which must never shadow the real one on a GPU host.
+    Call order: before the first engine start of the process (SGLang loads plugins once per process)."""
     name, target = PROBE_ENTRY_POINT
+    os.makedirs(directory, exist_ok=True)
     info = os.path.join(directory, "sglang_eo_step_times_probe-0.0.dist-info")
     os.makedirs(info, exist_ok=True)
     with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
         f.write("Metadata-Version: 2.1\nName: sglang-eo-step-times-probe\nVersion: 0.0\n")
     with open(os.path.join(info, "entry_points.txt"), "w", encoding="utf-8") as f:
         f.write(f"[sglang.srt.plugins]\n{name} = {target}\n")
+    link = os.path.join(directory, "sglang_eo_dev")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../sglang_eo_dev
+    if not os.path.islink(link):
+        os.symlink(package, link, target_is_directory=True)
     return str(directory)
 
 
