@@ -26,10 +26,10 @@ discover it without installing anything; both may run, the second install is a n
   returns the tensor itself (no copy, no sync), so it costs nothing here anyway.
 
 Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar]`` (``grammar`` 1.0 when the step's batch held a
-grammar request, else 0.0). The file is JSON lines, appended and flushed once per recorded step (one small write: a
-GPU run records thousands of steps, and rewriting a whole file per step would cost the scheduler thread milliseconds):
-a ``{"pid": ...}`` header, then one record list per step and ``{"error": ...}`` objects. :func:`read_step_times`
-returns ``{"pid", "steps": [...], "errors": [...]}``.
+grammar request, else 0.0). The file is JSON lines, only ever appended to (name a fresh path per engine), one flushed
+line per recorded step (one small write: a GPU run records thousands of steps, and rewriting a whole file per step
+would cost the scheduler thread milliseconds): a ``{"pid": ...}`` header per scheduler process, then one record list
+per step and ``{"error": ...}`` objects. :func:`read_step_times` returns ``{"pid", "steps": [...], "errors": [...]}``.
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ class _Recorder:
         self.lock = threading.Lock()
         self.timer = GrammarTimer()
         self.clock = StepClock(self.timer)
-        self._f = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
+        # append: several scheduler processes (tensor parallel ranks) may share the file, each line is one write
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
         self._line({"pid": os.getpid()})
 
     def _line(self, obj: Any) -> None:
