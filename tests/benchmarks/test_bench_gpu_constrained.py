@@ -170,7 +170,8 @@ def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
             assert steps and all(s[3] == row["bs"] and s[4] == (0.0 if v == "unconstrained" else 1.0) for s in steps)
             # at most one step per output token after the prefill's (accept length >= 1)
             assert len(steps) <= 12 - 1 and cell["n_steps"] == len(steps)
-        assert row["unconstrained"]["grammar_ms"] == 0.0 and row["json"]["grammar_ms"] > 0.0
+        # SGLang enters its grammar entry points for every batch and returns at once without grammar requests
+        assert row["json"]["grammar_ms"] > row["unconstrained"]["grammar_ms"] >= 0.0
         ph = row["json"]["phases"]
         assert ph is not None and ph["steps"] >= row["json"]["n_steps"]  # the plugin owned every timed step
         assert row["json-off"]["phases"] is None and row["unconstrained"]["phases"] is None
