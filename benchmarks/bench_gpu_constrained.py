@@ -1,48 +1,71 @@
-"""Constrained EAGLE3 decode-step time on a GPU: json_schema with the plugin vs unconstrained vs plugin off (issue #11).
+"""Constrained EAGLE3 decode-step time on a GPU: json_schema with the plugin vs unconstrained vs plugin off (issue #17).
 
 What it measures, in ONE run, per EAGLE3 shape (default topk 1: 3 steps / 4 draft tokens, and topk 4: 3 steps /
 8 draft tokens; others by ``--shape name=steps,topk,tokens``) and per batch size (default 1/8/32/64):
 
-* ``json``: ``json_schema`` requests (``BENCH_SCHEMA``: 5 fields, nested object, arrays with lengths, patterns; its
-  ``log`` array needs >= 64 items so no request can end before ``--max-new-tokens``) with the plugin on;
+* ``json``: ``json_schema`` requests (the workload's schema) with the plugin on;
 * ``unconstrained``: the same prompts without a schema (``ignore_eos``), same engine;
 * ``json-off``: the same json_schema requests on an engine started with ``SGLANG_EAGLE_OVERLAP=0`` (stock SGLang).
 
-The plugin-on engine and the plugin-off engine alternate (on, off per repeat); inside the plugin-on engine json and
-unconstrained alternate per round. Step time per round: a batch of ``bs`` requests runs to ``max_new_tokens`` (wall
-``T_N``), the same prompts run to one token (``T_1``: admission + prefill); ``ms/step = (T_N - T_1) / verify steps``
-and ``ms/token = (T_N - T_1) / (output tokens per request - 1)``. With random (dummy) weights the accept length is
-~1, so ms/step ~ ms/token: every step pays the full verify and the full tree mask, as in the notes' H200 table. The
-radix cache is off so both batches prefill the same way. Reported: medians over rounds x repeats, the overhead of json
-over unconstrained, the ratio plugin-off / plugin, and the plugin's own per-step phases from its stats file
-(``SGLANG_EAGLE_OVERLAP_STATS_FILE``: advance, tree wait, mask, un-hidden, mask time-limit hits per request). Writing
-that file costs the plugin engine a small file write per step; ``--no-plugin-stats`` turns it off.
+**Time is ms per decode step as the scheduler measured it**: the step probe of the dev package
+(``sglang_eo_dev.cpu_runtime.step_times``, the one ``bench_engine_step.py`` and the demo read) records, inside the
+scheduler process, the interval between two speculative decode-batch launches (one scheduler-loop iteration; the step
+period in the overlapped steady state) with the batch size and whether the batch held a grammar request. On a GPU host
+the probe is loaded by its own SGLang plugin entry point, declared in a temporary distribution this script writes and
+puts on the engine processes' path (nothing is installed). A cell is the median over the decode steps that held all
+``bs`` requests, pooled over its rounds; ``best`` is the best round's median. ms/token = ms/step / accept length.
+
+Order: per shape the plugin-on engine (json + unconstrained), then the plugin-off engine (json-off) (``--repeats``
+pairs); inside an engine, per batch size: one warm-up round of every variant at that batch size (grammar compile,
+first batches of that size; not recorded), then ``--rounds`` rounds alternating the variants. The radix cache is off.
+Also reported: the plugin's own per-step phases from its stats file (``SGLANG_EAGLE_OVERLAP_STATS_FILE``: advance,
+tree wait, mask, un-hidden, mask time-limit hits per request; one small file write per plugin step,
+``--no-plugin-stats`` turns it off) and the probe's grammar ms per step.
+
+**Workload** (``--workload``, default ``dummy-8b-json``: the setup of the measured H200 table in
+``../shared/notes/gpu-runtime.md`` and the README): Llama-3.1-8B-shaped target + EAGLE3 draft from
+``benchmarks/configs/`` with ``load_format="dummy"`` (random weights: accept length ~1, so every step pays the full
+verify and the full tree mask), a locally built 128k byte-level BPE tokenizer (~7 s, cached), bf16, CUDA graphs
+(decode graphs up to the largest batch size), overlap scheduler, xgrammar with
+``constrained_json_disable_any_whitespace=True`` (as the table and the CUDA tests), 160-token outputs, and
+``BENCH_SCHEMA``: 5 fields, a nested object, arrays with lengths, patterns. What may differ from the table: the table's
+schema text was not recorded (the notes say "a 5-field nested schema with arrays, lengths and a pattern", which
+``BENCH_SCHEMA`` is; its ``log`` array needs >= 64 items so no request can end before 160 tokens); the table gives
+the best of 2 runs and does not record how it timed a step, this script's cell is the median of scheduler-timed steps
+(``best`` is shown too); the step probe adds two clock reads per grammar region and one small file write per step to
+the scheduler thread.
+Another workload (a real model pair, another schema) is one more entry in ``WORKLOADS``; ``scripts/gpu/run.sh
+bench-workload OUT NAME`` runs it.
 
 Devices:
 
-* ``cuda`` (default when a GPU is visible): SGLang with ``load_format="dummy"`` from ``benchmarks/configs/``
-  (Llama-3.1-8B-shaped target, EAGLE3 draft, ``draft_vocab_size`` = vocab) and a 128k byte-level BPE tokenizer built
-  locally (~7 s, cached), bf16, CUDA graphs, overlap scheduler; or a real pair with ``--model-path`` /
-  ``--draft-model-path``. ``--attention-backend triton --sampling-backend pytorch`` avoid flashinfer (what
-  ``scripts/gpu/run.sh`` passes on the offline host). When the default dummy configs run, the md also shows the
-  calibrated TPOT model (``benchmarks/tpot_model.py``) next to every measured cell.
+* ``cuda`` (default when a GPU is visible): SGLang on the GPU with the workload above, or a real pair with
+  ``--model-path`` / ``--draft-model-path``; engine arguments from ``benchmarks/gpu_engine_args.py`` (checked against
+  the installed ``ServerArgs`` by ``tests/test_gpu_engine_args.py``). ``--attention-backend triton --sampling-backend
+  pytorch`` avoid flashinfer (what ``scripts/gpu/run.sh`` passes on the offline host). With the default dummy configs
+  the md also shows the calibrated TPOT model (``benchmarks/tpot_model.py``) next to every measured cell.
 * ``cpu``: the real SGLang engine on CPU through the dev-only CPU runtime (``sglang_eo_dev.cpu_runtime``) with the tiny
   random pair: the same code path end to end, small and quick (CI runs it); CPU numbers are CPU mechanics, not GPU
   overlap.
 
 Run::
 
-    python benchmarks/bench_gpu_constrained.py                       # a GPU: 8B-shaped dummy model, full grid
+    python benchmarks/bench_gpu_constrained.py --shapes topk1 --out OUT    # a GPU: one shape, ~5-7 min
+    scripts/gpu/run.sh bench-topk1 OUT                                     # the same on the offline CUDA host
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_gpu_constrained.py --device cpu
+    python benchmarks/bench_gpu_constrained.py --merge OUT1/gpu_constrained_*.json OUT2/gpu_constrained_*.json
 
-Writes ``benchmarks/results/gpu_constrained_<device>_<sglang>.{json,md,png}`` (``--out`` elsewhere). Not a test: no
-timing gates anything.
+Writes ``gpu_constrained_<device>_<sglang>[_<workload>][_<shapes>].{json,md,png}`` under ``--out`` (default
+``benchmarks/results``), the json and md again after every engine (a run cut short keeps what it measured).
+``--merge`` joins the rows of several such json files (each with its own in-run ratios) into one table. Not a test:
+no timing gates anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -58,11 +81,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_engine_step import _machine as _host_machine  # noqa: E402  one harness: shared helpers
-from bench_engine_step import delta  # noqa: E402
+from bench_engine_step import delta, full_batch_steps, summarize_steps  # noqa: E402
+from gpu_engine_args import gpu_engine_kwargs as build_gpu_engine_kwargs  # noqa: E402  one place for engine args
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
 SWITCH_ENV = "SGLANG_EAGLE_OVERLAP"
+STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"  # the dev step probe's file (sglang_eo_dev.cpu_runtime.step_times)
 
 VARIANTS = ("json", "unconstrained", "json-off")  # table order
 ENGINE_VARIANTS = {"on": ("json", "unconstrained"), "off": ("json-off",)}
@@ -85,8 +110,9 @@ class Shape:
 
 SHAPES = {"topk1": Shape("topk1", 3, 1, 4), "topk4": Shape("topk4", 3, 4, 8)}
 
-# A 5-field nested schema with arrays, lengths and patterns (the shape the notes' H200 table used). ``log`` needs at
-# least 64 items of >= 3 tokens, so every request runs to max_new_tokens (<= 160) whatever the model writes.
+# A 5-field nested schema with arrays, lengths and patterns: what the notes' H200 table describes (its exact text was
+# not recorded). ``log`` needs at least 64 items of >= 3 tokens, so every request runs to max_new_tokens (<= 160)
+# whatever the model writes.
 BENCH_SCHEMA: Dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -115,6 +141,36 @@ BENCH_SCHEMA: Dict[str, Any] = {
     "required": ["id", "name", "address", "tags", "log"],
     "additionalProperties": False,
 }
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What the engines run and the requests ask for. ``target_config`` / ``draft_config``: directories under
+    ``benchmarks/configs/`` whose ``config.json`` is loaded with random weights (``load_format="dummy"``) and a local
+    tokenizer of the config's vocabulary; ``model_path`` / ``draft_model_path`` (a real pair, e.g. a local checkpoint
+    on the GPU host) replace them, and ``--model-path`` / ``--draft-model-path`` replace both. ``max_new_tokens`` is
+    the GPU default (CPU mode: 24); ``schema`` must keep every request running to it (or the md flags the cell)."""
+
+    name: str
+    what: str
+    target_config: str
+    draft_config: str
+    schema: Dict[str, Any]
+    max_new_tokens: int = 160
+    prompt: str = "Request {rnd}-{i}: write the service record as JSON."
+    model_path: Optional[str] = None
+    draft_model_path: Optional[str] = None
+
+
+# A second workload (a real model pair, another schema) is one more entry here; run it with
+# `scripts/gpu/run.sh bench-workload OUT NAME [SHAPE]` (or `--workload NAME`).
+WORKLOADS: Dict[str, Workload] = {
+    "dummy-8b-json": Workload("dummy-8b-json", "the measured H200 table: Llama-3.1-8B-shaped dummy + EAGLE3 draft, "
+                              "BENCH_SCHEMA, 160-token outputs", "llama-3.1-8b", "llama-3.1-8b-eagle3", BENCH_SCHEMA),
+}
+DEFAULT_WORKLOAD = "dummy-8b-json"
 
 
 # -- pure helpers (tests/benchmarks/test_bench_gpu_constrained.py) -------------------------------------------------
@@ -146,31 +202,24 @@ def parse_ints(text: str) -> List[int]:
     return vals
 
 
-def verify_steps(outs: Sequence[Dict[str, Any]]) -> int:
-    """Decode steps the batch took: the most verify steps of any request (completion tokens without speculation)."""
-    return max(int(o["meta_info"].get("spec_verify_ct") or o["meta_info"]["completion_tokens"]) for o in outs)
-
-
-def round_result(t_full: float, t_one: float, full: Sequence[Dict[str, Any]], one: Sequence[Dict[str, Any]],
+def round_result(records: Sequence[Sequence[float]], outs: Sequence[Dict[str, Any]], bs: int, grammar: bool,
                  max_new_tokens: int) -> Dict[str, Any]:
-    """One measured round: ``full`` ran to ``max_new_tokens`` in ``t_full`` s, ``one`` (same prompts) to a single
-    token in ``t_one`` s. The difference is the decode part; ``full_batch`` says whether every request ran to
-    ``max_new_tokens`` (else the batch shrank before the end and ms/step mixes batch sizes)."""
-    tokens = [int(o["meta_info"]["completion_tokens"]) for o in full]
-    steps = verify_steps(full) - (verify_steps(one) if one and any(
-        o["meta_info"].get("spec_verify_ct") for o in one) else 0)
-    decode_s = t_full - t_one
-    mean_tokens = statistics.mean(tokens)
+    """One measured round: ``records`` are the step probe's records written while the round ran (``[step_ms,
+    grammar_ms, run_batch_ms, bs, grammar]``); the round's steps are those whose batch held all ``bs`` requests and
+    was (``grammar``) or was not a grammar batch. ``outs`` are the round's outputs: accept length = (output tokens -
+    the prefill's one) / verify steps; ``full_batch`` says whether every request ran to ``max_new_tokens``."""
+    steps = [list(r) for r in full_batch_steps(records, bs) if len(r) > 4 and bool(r[4]) == grammar]
+    tokens = [int(o["meta_info"]["completion_tokens"]) for o in outs]
+    verify = [int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs]
     return {
-        "ms_step": decode_s / steps * 1e3 if steps > 0 else None,
-        "ms_token": decode_s / (mean_tokens - 1) * 1e3 if mean_tokens > 1 else None,
+        "ms_step": statistics.median(s[0] for s in steps) if steps else None,
+        "n_steps": len(steps),
         "steps": steps,
         "tokens_min": min(tokens),
         "tokens_max": max(tokens),
-        "accept_len": (sum(tokens) - len(tokens)) / (steps * len(tokens)) if steps > 0 else None,
+        "accept_len": (sum(tokens) - len(tokens)) / sum(verify) if sum(verify) > 0 else None,
         "full_batch": min(tokens) >= max_new_tokens,
-        "t_full_s": t_full,
-        "t_one_s": t_one,
+        "requests": len(outs),
     }
 
 
@@ -192,16 +241,25 @@ def _median(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def summarize_cell(rounds: Sequence[Dict[str, Any]], phases: Sequence[Dict[str, float]]) -> Dict[str, Any]:
-    """Medians (and best) over the rounds of one (shape, bs, variant); phases summed over rounds, then per step."""
-    steps = [r["ms_step"] for r in rounds if r["ms_step"] is not None]
+    """One (shape, bs, variant): the median (p10-p90) of the scheduler-timed steps pooled over its rounds, the best
+    round's median, the probe's grammar ms per step, ms/token = ms/step / accept length; phases summed over rounds,
+    then per plugin step."""
+    su = summarize_steps([s for r in rounds for s in r["steps"]])
+    accept = _median([r["accept_len"] for r in rounds])
+    per_round = [r["ms_step"] for r in rounds if r["ms_step"] is not None]
     total = {k: sum(p[k] for p in phases) for k in PHASE_KEYS} if phases else None
     requests = sum(r.get("requests", 0) for r in rounds)
+    ms_step = su.get("step_ms")
     return {
-        "n": len(steps),
-        "ms_step": _median(steps),
-        "ms_step_best": min(steps) if steps else None,
-        "ms_token": _median([r["ms_token"] for r in rounds]),
-        "accept_len": _median([r["accept_len"] for r in rounds]),
+        "n": len(per_round),
+        "n_steps": su["n"],
+        "ms_step": ms_step,
+        "ms_step_p10": su.get("step_ms_p10"),
+        "ms_step_p90": su.get("step_ms_p90"),
+        "ms_step_best": min(per_round) if per_round else None,
+        "grammar_ms": su.get("grammar_ms"),
+        "ms_token": ms_step / accept if ms_step is not None and accept else None,
+        "accept_len": accept,
         "full_batch": all(r["full_batch"] for r in rounds) if rounds else False,
         "phases": phases_per_step(total, requests) if total else None,
     }
@@ -229,19 +287,24 @@ def _f(x: Optional[float], fmt: str = "{:.2f}") -> str:
 
 def markdown(result: Dict[str, Any]) -> str:
     m = result["machine"]
+    commands = result.get("commands") or [result["command"]]
     lines = [
         f"# Constrained EAGLE3 decode step on {m['device_name']}: plugin vs unconstrained vs plugin off",
         "",
         f"MEASURED on {m['device_name']} ({m['cpus']} host CPUs), SGLang {m['sglang']}, xgrammar {m['xgrammar']}, "
-        f"torch {m['torch']}, Python {m['python']}; model {result['model']}; max_new_tokens "
-        f"{result['max_new_tokens']}, {result['rounds']} rounds x {result['repeats']} repeats, medians.",
+        f"torch {m['torch']}, Python {m['python']}; workload {result.get('workload', DEFAULT_WORKLOAD)}: model "
+        f"{result['model']}; max_new_tokens {result['max_new_tokens']}, {result['rounds']} rounds x "
+        f"{result['repeats']} repeats after a warm-up round per batch size.",
         "",
-        f"Command: `{result['command']}`",
+        "Command" + ("s" if len(commands) > 1 else "") + ": " + "; ".join(f"`{c}`" for c in commands),
         "",
-        "ms/step = (batch to max_new_tokens - same batch to 1 token) / verify steps; ms/token per output token; "
-        "`over unc.` = json with the plugin over unconstrained; `off/on` = json with the plugin off (stock SGLang) "
-        "over json with the plugin; phases = the plugin's own stats per verify step (advance incl. waits / tree "
-        "wait / mask / un-hidden, ms) and mask time-limit hits per request.",
+        "ms/step = median (p10-p90) of the decode steps the scheduler timed (step probe: one scheduler-loop iteration "
+        "between two speculative decode launches) whose batch held all `bs` requests, pooled over the rounds; "
+        "`best` = the best round's median; ms/token = ms/step / accept length; `over unc.` = json with the plugin "
+        "over unconstrained; `off/on` = json with the plugin off (stock SGLang) over json with the plugin, both "
+        "from the same run; `grammar` = the probe's grammar ms per step (SGLang's grammar entry points and the "
+        "plugin's mask step), json / json off; phases = the plugin's own stats per verify step (advance incl. "
+        "waits / tree wait / mask / un-hidden, ms) and mask time-limit hits per request.",
         "",
     ]
     if m.get("device") == "cpu":
@@ -249,11 +312,20 @@ def markdown(result: Dict[str, Any]) -> str:
                   "hidden; these rows exercise the benchmark end to end and are no GPU result (on a shared machine "
                   "they are also noisy: compare nothing across engines here).", ""]
     has_model = any(r.get("model_plugin_ms") is not None for r in result["rows"])
-    head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | ms/token unc / "
-            "json / off | over unc. | off/on | phases adv / tree / mask / unhidden ms | limit hits/req | accept |")
+    head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | best unc / json / "
+            "off | ms/token unc / json / off | over unc. | off/on | grammar ms json / off | phases adv / tree / "
+            "mask / unhidden ms | limit hits/req | accept | steps unc / json / off |")
     if has_model:
         head += " TPOT model plugin ms (err) |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def _step(c: Dict[str, Any]) -> str:
+        if c.get("ms_step") is None:
+            return "–"
+        if c.get("ms_step_p10") is None:
+            return _f(c["ms_step"])
+        return f"{c['ms_step']:.2f} ({c['ms_step_p10']:.2f}-{c['ms_step_p90']:.2f})"
+
     for r in result["rows"]:
         on, unc, off = (r[v] for v in VARIANTS)
         ph = on.get("phases")
@@ -261,10 +333,13 @@ def markdown(result: Dict[str, Any]) -> str:
                if ph else "–")
         hits = _f(ph["mask_timeouts_per_request"]) if ph else "–"
         flag = "" if all(r[v].get("full_batch", True) for v in VARIANTS if r[v].get("n")) else " (batch shrank)"
-        line = (f"| {r['shape']} | {r['bs']}{flag} | {_f(unc.get('ms_step'))} | {_f(on.get('ms_step'))} | "
-                f"{_f(off.get('ms_step'))} | {_f(unc.get('ms_token'))} / {_f(on.get('ms_token'))} / "
-                f"{_f(off.get('ms_token'))} | {_f(r['overhead'], '{:+.1%}')} | {_f(r['off_over_on'], '{:.2f}x')} | "
-                f"{phs} | {hits} | {_f(on.get('accept_len'))} |")
+        line = (f"| {r['shape']} | {r['bs']}{flag} | {_step(unc)} | {_step(on)} | {_step(off)} | "
+                f"{_f(unc.get('ms_step_best'))} / {_f(on.get('ms_step_best'))} / {_f(off.get('ms_step_best'))} | "
+                f"{_f(unc.get('ms_token'))} / {_f(on.get('ms_token'))} / {_f(off.get('ms_token'))} | "
+                f"{_f(r['overhead'], '{:+.1%}')} | {_f(r['off_over_on'], '{:.2f}x')} | "
+                f"{_f(on.get('grammar_ms'))} / {_f(off.get('grammar_ms'))} | {phs} | {hits} | "
+                f"{_f(on.get('accept_len'))} | {unc.get('n_steps', 0)} / {on.get('n_steps', 0)} / "
+                f"{off.get('n_steps', 0)} |")
         if has_model:
             mp, err = r.get("model_plugin_ms"), r.get("model_err")
             line += f" {_f(mp)} ({_f(err, '{:+.1%}')}) |" if mp is not None else " – |"
@@ -355,40 +430,50 @@ def dummy_model_dirs(target_cfg: Path, draft_cfg: Path) -> Tuple[Path, Path]:
 
 
 def gpu_engine_kwargs(args: argparse.Namespace, shape: Shape, target: str, draft: str) -> Dict[str, Any]:
-    kw: Dict[str, Any] = dict(
+    """This run's GPU engine arguments (built by ``benchmarks/gpu_engine_args.py``, the CUDA tests' builder too)."""
+    return build_gpu_engine_kwargs(
         model_path=target,
-        speculative_algorithm="EAGLE3",
-        speculative_draft_model_path=draft,
+        max_bs=max(args.batch_sizes),
+        draft_model_path=draft,
+        spec=shape.engine_kwargs(),
         dtype=args.dtype,
-        max_running_requests=max(args.batch_sizes),
-        cuda_graph_max_bs=max(args.batch_sizes),
+        attention_backend=args.attention_backend,
+        sampling_backend=args.sampling_backend,
         mem_fraction_static=args.mem_fraction_static,
+        context_length=args.context_length,
+        dummy_weights=args.dummy,
         disable_radix_cache=True,
-        random_seed=0,
-        grammar_backend="xgrammar",
-        log_level="warning",
-        **shape.engine_kwargs(),
     )
-    if args.dummy:
-        kw["load_format"] = "dummy"
-    if args.attention_backend:
-        kw["attention_backend"] = args.attention_backend
-    if args.sampling_backend:
-        kw["sampling_backend"] = args.sampling_backend
-    if args.context_length:
-        kw["context_length"] = args.context_length
-    return kw
 
 
-def start_engine(args: argparse.Namespace, shape: Shape, plugin: bool, stats_file: Optional[str]):
-    """Start an in-process engine with the plugin on or off; the caller shuts it down. The switch and the stats file
-    go through the environment (the scheduler subprocess reads them when it loads the plugin)."""
+def install_step_probe(tmp: str) -> None:
+    """Make the dev step probe load in every engine process of this run: a folder holding a distribution that
+    declares the probe's SGLang plugin entry point and a link to the dev package goes first on ``sys.path`` (spawned
+    processes inherit it) and ``PYTHONPATH``. The ``dev/`` folder itself is never put on the path (its CPU
+    ``sgl_kernel`` stand-in would shadow the real kernels on a GPU), so the writer is loaded from its file. On CPU the
+    CPU runtime installs the same probe as well; the second install is a no-op."""
+    path = ROOT / "dev" / "sglang_eo_dev" / "cpu_runtime" / "step_times.py"
+    spec = importlib.util.spec_from_file_location("_bench_step_probe_writer", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    probe = writer.write_probe_distribution(os.path.join(tmp, "step-probe"))
+    sys.path.insert(0, probe)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != probe]
+    os.environ["PYTHONPATH"] = os.pathsep.join([probe, *paths])
+
+
+def start_engine(args: argparse.Namespace, shape: Shape, plugin: bool, stats_file: Optional[str], step_file: str):
+    """Start an in-process engine with the plugin on or off; the caller shuts it down. The switch, the plugin's stats
+    file and the step probe's file go through the environment (the scheduler subprocess reads them at start)."""
     if stats_file:  # also with the plugin off: a file written then would show the switch did not hold
         os.environ[STATS_ENV] = stats_file
         if os.path.exists(stats_file):
             os.remove(stats_file)
     else:
         os.environ.pop(STATS_ENV, None)
+    os.environ[STEP_TIMES_ENV] = step_file
     if args.device == "cpu":
         from sglang_eo_dev.cpu_runtime.engine import EngineConfig
         from sglang_eo_dev.cpu_runtime.engine import start_engine as start_cpu
@@ -418,32 +503,31 @@ def read_stats(path: Optional[str]) -> Dict[str, Any]:
     return {}
 
 
-def _prompts(bs: int, rnd: int) -> List[str]:
-    return [f"Request {rnd}-{i}: write the service record as JSON." for i in range(bs)]
+def _prompts(workload: Workload, bs: int, rnd: int) -> List[str]:
+    return [workload.prompt.format(rnd=rnd, i=i) for i in range(bs)]
 
 
-def _params(variant: str, max_new_tokens: int) -> Dict[str, Any]:
+def _params(workload: Workload, variant: str, max_new_tokens: int) -> Dict[str, Any]:
     p: Dict[str, Any] = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
     if variant == "unconstrained":
         p["ignore_eos"] = True
     else:
-        p["json_schema"] = json.dumps(BENCH_SCHEMA)
+        p["json_schema"] = json.dumps(workload.schema)
     return p
 
 
-def measure_round(engine, variant: str, bs: int, rnd: int, max_new_tokens: int,
-                  stats_file: Optional[str]) -> Tuple[Dict[str, Any], Optional[Dict[str, float]]]:
-    prompts = _prompts(bs, rnd)
+def measure_round(engine, workload: Workload, variant: str, bs: int, rnd: int, max_new_tokens: int,
+                  step_file: str, stats_file: Optional[str]) -> Tuple[Dict[str, Any], Optional[Dict[str, float]]]:
+    """One batch of ``bs`` requests to ``max_new_tokens``; its steps are the probe records written meanwhile."""
+    from sglang_eo_dev.cpu_runtime.step_times import read_step_times
+
+    n0 = len(read_step_times(step_file)["steps"])
     before = read_stats(stats_file) if variant == "json" else {}
-    t0 = time.perf_counter()
-    full = engine.generate(prompt=prompts, sampling_params=_params(variant, max_new_tokens))
-    t_full = time.perf_counter() - t0
+    outs = engine.generate(prompt=_prompts(workload, bs, rnd), sampling_params=_params(workload, variant,
+                                                                                        max_new_tokens))
     after = read_stats(stats_file) if variant == "json" else {}
-    t0 = time.perf_counter()
-    one = engine.generate(prompt=prompts, sampling_params=_params(variant, 1))
-    t_one = time.perf_counter() - t0
-    r = round_result(t_full, t_one, full, one, max_new_tokens)
-    r["requests"] = bs
+    records = read_step_times(step_file)["steps"][n0:]
+    r = round_result(records, outs, bs, grammar=(variant != "unconstrained"), max_new_tokens=max_new_tokens)
     phases = delta(after, before, PHASE_KEYS) if after else None
     return r, phases
 
@@ -485,14 +569,16 @@ def _attach_model(rows: List[Dict[str, Any]]) -> None:
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument("--workload", default=DEFAULT_WORKLOAD, help=f"one of {sorted(WORKLOADS)}")
     ap.add_argument("--shapes", default="topk1,topk4", help="comma-separated shape names")
     ap.add_argument("--shape", action="append", default=[], help="extra shape: name=steps,topk,tokens")
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32,64 (cuda) / 1,4 (cpu)")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 160 (cuda) / 24 (cpu)")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds per cell per engine; default 3 (cuda) / 1 (cpu)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: the workload's (160) on cuda / 24 (cpu)")
+    ap.add_argument("--warmup-tokens", type=int, default=None, help="warm-up round length; default 32 (cuda) / 4 (cpu)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per cell per engine; default 2 (cuda) / 1 (cpu)")
     ap.add_argument("--repeats", type=int, default=1, help="engine pairs (plugin on, off) per shape")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="subset of json,unconstrained,json-off")
-    ap.add_argument("--model-path", default=None, help="a real target model (default: the dummy 8B config)")
+    ap.add_argument("--model-path", default=None, help="a real target model (default: the workload's dummy config)")
     ap.add_argument("--draft-model-path", default=None, help="its EAGLE3 draft (with --model-path)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--attention-backend", default=None)
@@ -501,12 +587,20 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--context-length", type=int, default=4096)
     ap.add_argument("--no-plugin-stats", action="store_true", help="do not write the plugin's per-step stats file")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="join the rows of result json files of earlier runs into one table under --out; no engine")
     args = ap.parse_args(argv)
+    if args.merge:
+        return args
+    if args.workload not in WORKLOADS:
+        ap.error(f"--workload: unknown {args.workload!r}; known: {sorted(WORKLOADS)} (add one to WORKLOADS)")
+    args.workload_def = WORKLOADS[args.workload]
     args.device = _default_device() if args.device == "auto" else args.device
     gpu = args.device == "cuda"
     args.batch_sizes = parse_ints(args.batch_sizes or ("1,8,32,64" if gpu else "1,4"))
-    args.max_new_tokens = args.max_new_tokens or (160 if gpu else 24)
-    args.rounds = args.rounds or (3 if gpu else 1)
+    args.max_new_tokens = args.max_new_tokens or (args.workload_def.max_new_tokens if gpu else 24)
+    args.warmup_tokens = min(args.warmup_tokens or (32 if gpu else 4), args.max_new_tokens)
+    args.rounds = args.rounds or (2 if gpu else 1)
     args.shape_list = parse_shapes(args.shapes, args.shape)
     args.variant_list = [v for v in args.variants.split(",") if v]
     bad = [v for v in args.variant_list if v not in VARIANTS]
@@ -514,17 +608,79 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         ap.error(f"--variants: unknown {bad}; choose from {','.join(VARIANTS)}")
     if bool(args.model_path) != bool(args.draft_model_path):
         ap.error("--model-path and --draft-model-path go together")
+    if gpu and not args.model_path and args.workload_def.model_path:
+        args.model_path, args.draft_model_path = args.workload_def.model_path, args.workload_def.draft_model_path
     if args.model_path and not gpu:
         ap.error("--model-path needs --device cuda (the CPU mode runs the tiny local pair)")
     args.dummy = gpu and not args.model_path
     return args
 
 
+def result_name(device: str, sglang: str, workload: str, shapes: Sequence[str]) -> str:
+    """``gpu_constrained_<device>_<sglang>``, plus the workload when not the default and the shapes when not the
+    default pair, so runs of one shape each can share an output folder."""
+    name = f"gpu_constrained_{device}_{sglang}"
+    if workload != DEFAULT_WORKLOAD:
+        name += f"_{workload}"
+    if list(shapes) != ["topk1", "topk4"]:
+        name += "_" + "-".join(shapes)
+    return name
+
+
+def merge_results(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One result from several runs (e.g. one device call per shape): rows, engines, problems and commands
+    concatenated; each row keeps the ratios measured inside its own run. Differences in machine, workload or
+    SGLang version are listed as problems (such rows should not share a table)."""
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    merged = {k: first.get(k) for k in ("machine", "model", "workload", "max_new_tokens", "rounds", "repeats")}
+    merged.update(rows=[], engines=[], problems=[], commands=[], raw=[], wall_s=0.0,
+                  shapes=[], batch_sizes=sorted({b for r in results for b in r.get("batch_sizes", [])}))
+    for r in results:
+        for key in ("device_name", "sglang"):
+            if r["machine"].get(key) != first["machine"].get(key):
+                merged["problems"].append(f"merged runs differ in {key}: {r['machine'].get(key)!r} vs "
+                                          f"{first['machine'].get(key)!r}")
+        for key in ("workload", "model", "max_new_tokens"):
+            if r.get(key) != first.get(key):
+                merged["problems"].append(f"merged runs differ in {key}: {r.get(key)!r} vs {first.get(key)!r}")
+        merged["rows"] += r["rows"]
+        merged["engines"] += r.get("engines", [])
+        merged["problems"] += r.get("problems", [])
+        merged["commands"] += r.get("commands") or [r["command"]]
+        merged["raw"] += r.get("raw", [])
+        merged["shapes"] += [s for s in r.get("shapes", []) if s not in merged["shapes"]]
+        merged["wall_s"] += r.get("wall_s", 0.0)
+    merged["command"] = merged["commands"][0]
+    return merged
+
+
+def write_outputs(result: Dict[str, Any], out: Path, name: str, final: bool) -> None:
+    """The json and md (and, when ``final``, the png) of ``result`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{name}.md").write_text(markdown(result))
+    if final:
+        plotted = plot(result, out / f"{name}.png")
+        print(markdown(result))
+        print(f"wrote {out / name}.json, .md{', .png' if plotted else ''} in {result.get('wall_s', 0):.0f} s",
+              flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    argv_list = list(argv if argv is not None else sys.argv[1:])
+    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_gpu_constrained.py", *argv_list])
+    if args.merge:
+        merged = merge_results([json.loads(Path(f).read_text()) for f in args.merge])
+        m = merged["machine"]
+        write_outputs(merged, Path(args.out), f"gpu_constrained_{m['device']}_{m['sglang']}_merged", final=True)
+        return 1 if merged["problems"] else 0
+    workload: Workload = args.workload_def
     if args.dummy:
         t = time.monotonic()
-        target, draft = dummy_model_dirs(CONFIGS / "llama-3.1-8b", CONFIGS / "llama-3.1-8b-eagle3")
+        target, draft = dummy_model_dirs(CONFIGS / workload.target_config, CONFIGS / workload.draft_config)
         args.model_path, args.draft_model_path = str(target), str(draft)
         print(f"dummy model dirs ready in {time.monotonic() - t:.0f} s: {target}, {draft}", flush=True)
     machine = _machine(args.device)
@@ -533,79 +689,91 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     phases: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
     engines: List[Dict[str, Any]] = []  # per engine: was the plugin active (read from its stats file)
     t0 = time.monotonic()
+    name = result_name(args.device, machine["sglang"], args.workload, [s.name for s in args.shape_list])
+    model = (f"{workload.target_config} + {workload.draft_config} (benchmarks/configs, load_format=dummy)"
+             if args.dummy else (f"{args.model_path} + {args.draft_model_path}" if args.device == "cuda" else
+                                 "tiny random pair (CPU runtime)"))
+
+    def result() -> Dict[str, Any]:
+        cells = {k: summarize_cell(v, phases.get(k, [])) for k, v in rounds.items()}
+        rows = table_rows(cells, [s.name for s in args.shape_list], args.batch_sizes)
+        if args.dummy and args.workload == DEFAULT_WORKLOAD:
+            _attach_model(rows)
+        return {
+            "command": command,
+            "machine": machine,
+            "workload": args.workload,
+            "model": model,
+            "shapes": [dataclasses.asdict(s) for s in args.shape_list],
+            "batch_sizes": args.batch_sizes,
+            "max_new_tokens": args.max_new_tokens,
+            "warmup_tokens": args.warmup_tokens,
+            "rounds": args.rounds,
+            "repeats": args.repeats,
+            "plugin_stats": not args.no_plugin_stats,
+            "wall_s": time.monotonic() - t0,
+            "rows": rows,
+            "engines": engines,
+            "raw": [{"shape": k[0], "bs": k[1], "variant": k[2], "rounds": v, "phases": phases.get(k, [])}
+                    for k, v in rounds.items()],
+            "problems": problems,
+        }
+
     tmp = tempfile.mkdtemp(prefix="bench-gpu-constrained-")
     try:
+        install_step_probe(tmp)
+        from sglang_eo_dev.cpu_runtime.step_times import read_step_times
+
         for shape in args.shape_list:
             for rep in range(args.repeats):
                 for kind in ("on", "off"):
                     variants = [v for v in ENGINE_VARIANTS[kind] if v in args.variant_list]
                     if not variants:
                         continue
-                    stats = (None if args.no_plugin_stats else
-                             os.path.join(tmp, f"stats-{shape.name}-{kind}-{rep}.json"))
+                    tag = f"{shape.name}-{kind}-{rep}"
+                    stats = None if args.no_plugin_stats else os.path.join(tmp, f"stats-{tag}.json")
+                    step_file = os.path.join(tmp, f"steps-{tag}.jsonl")
                     ts = time.monotonic()
-                    engine = start_engine(args, shape, plugin=(kind == "on"), stats_file=stats)
+                    engine = start_engine(args, shape, plugin=(kind == "on"), stats_file=stats, step_file=step_file)
+                    start_s = time.monotonic() - ts
                     print(f"[{time.monotonic() - t0:.0f}s] {shape.name} plugin {kind} #{rep}: engine up in "
-                          f"{time.monotonic() - ts:.0f} s", flush=True)
+                          f"{start_s:.0f} s", flush=True)
                     try:
-                        for v in variants:  # warm-up: grammar compile, first batches at each size
-                            measure_round(engine, v, max(args.batch_sizes), -1, min(8, args.max_new_tokens), None)
                         for bs in args.batch_sizes:
+                            for v in variants:  # warm-up at this batch size: grammar compile, first batches
+                                measure_round(engine, workload, v, bs, -1, args.warmup_tokens, step_file, None)
                             for rnd in range(args.rounds):
                                 for v in variants:
-                                    r, ph = measure_round(engine, v, bs, rep * args.rounds + rnd,
-                                                          args.max_new_tokens, stats)
+                                    r, ph = measure_round(engine, workload, v, bs, rep * args.rounds + rnd,
+                                                          args.max_new_tokens, step_file, stats)
                                     rounds.setdefault((shape.name, bs, v), []).append(r)
                                     if ph:
                                         phases.setdefault((shape.name, bs, v), []).append(ph)
                                     if not r["full_batch"]:
                                         problems.append(f"{shape.name} bs{bs} {v}: outputs of {r['tokens_min']}-"
                                                         f"{r['tokens_max']} tokens, not all {args.max_new_tokens}")
+                                    if not r["n_steps"]:
+                                        problems.append(f"{shape.name} bs{bs} {v} round {rnd}: the scheduler timed "
+                                                        "no full-batch decode step (step probe not loaded? "
+                                                        "SGLANG_PLUGINS must allow eo_step_times)")
                                     print(f"[{time.monotonic() - t0:.0f}s] {shape.name} bs {bs} {v} round {rnd}: "
-                                          f"{_f(r['ms_step'])} ms/step, {_f(r['ms_token'])} ms/token, "
-                                          f"accept {_f(r['accept_len'])}", flush=True)
+                                          f"{_f(r['ms_step'])} ms/step over {r['n_steps']} steps, accept "
+                                          f"{_f(r['accept_len'])}", flush=True)
+                        problems.extend(f"{tag}: step probe: {e}" for e in read_step_times(step_file)["errors"])
                         if stats and (kind == "off" or "json" in variants):  # the file is written per grammar step
                             active = bool(read_stats(stats).get("active"))
-                            engines.append({"shape": shape.name, "plugin": kind, "rep": rep, "active": active})
+                            engines.append({"shape": shape.name, "plugin": kind, "rep": rep, "active": active,
+                                            "start_s": start_s, "engine_s": time.monotonic() - ts})
                             if active != (kind == "on"):
                                 problems.append(f"{shape.name} plugin {kind} #{rep}: plugin active={active} in "
                                                 f"the engine started with {SWITCH_ENV}={int(kind == 'on')}")
                     finally:
                         engine.shutdown()
+                    write_outputs(result(), Path(args.out), name, final=False)  # a run cut short keeps this much
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    cells = {k: summarize_cell(v, phases.get(k, [])) for k, v in rounds.items()}
-    rows = table_rows(cells, [s.name for s in args.shape_list], args.batch_sizes)
-    if args.dummy:
-        _attach_model(rows)
-    argv_list = list(argv if argv is not None else sys.argv[1:])
-    result = {
-        "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_gpu_constrained.py", *argv_list]),
-        "machine": machine,
-        "model": ("8B-shaped dummy (benchmarks/configs, load_format=dummy)" if args.dummy else
-                  (f"{args.model_path} + {args.draft_model_path}" if args.device == "cuda" else
-                   "tiny random pair (CPU runtime)")),
-        "shapes": [dataclasses.asdict(s) for s in args.shape_list],
-        "batch_sizes": args.batch_sizes,
-        "max_new_tokens": args.max_new_tokens,
-        "rounds": args.rounds,
-        "repeats": args.repeats,
-        "plugin_stats": not args.no_plugin_stats,
-        "wall_s": time.monotonic() - t0,
-        "rows": rows,
-        "engines": engines,
-        "raw": [{"shape": k[0], "bs": k[1], "variant": k[2], "rounds": v, "phases": phases.get(k, [])}
-                for k, v in rounds.items()],
-        "problems": problems,
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"gpu_constrained_{args.device}_{machine['sglang']}"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{name}.md").write_text(markdown(result))
-    plotted = plot(result, out / f"{name}.png")
-    print(markdown(result))
-    print(f"wrote {out / name}.json, .md{', .png' if plotted else ''} in {result['wall_s']:.0f} s", flush=True)
+    final = result()
+    write_outputs(final, Path(args.out), name, final=True)
     return 1 if problems else 0
 
 

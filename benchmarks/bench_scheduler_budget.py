@@ -59,16 +59,17 @@ PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_w
 
 # -- pure helpers (tests/benchmarks/test_bench_scheduler_budget.py) --------------------------------------------------
 def cell_summary(steps: Sequence[Sequence[float]], bs: int) -> Dict[str, Any]:
-    """Medians over the step records ``[step_ms, grammar_ms, run_batch_ms, bs, forward_ms]`` that held all ``bs``
-    requests: step, forward, scheduler-thread CPU (step - forward) and the scheduler thread's grammar-call time."""
-    full = [s for s in steps if int(s[3]) == bs and len(s) >= 5]
+    """Medians over the step records ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms]`` that held all
+    ``bs`` requests: step, forward, scheduler-thread CPU (step - forward) and the scheduler thread's grammar-call
+    time."""
+    full = [s for s in steps if int(s[3]) == bs and len(s) >= 6]
     if not full:
         return {"n": 0}
     return {
         "n": len(full),
         "step_ms": statistics.median(s[0] for s in full),
-        "forward_ms": statistics.median(s[4] for s in full),
-        "cpu_ms": statistics.median(s[0] - s[4] for s in full),
+        "forward_ms": statistics.median(s[5] for s in full),
+        "cpu_ms": statistics.median(s[0] - s[5] for s in full),
         "grammar_ms": statistics.median(s[1] for s in full),
     }
 
@@ -160,13 +161,12 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
                problems: List[str]) -> Dict[str, Any]:
     from sglang_eo_dev.cpu_runtime.engine import EngineConfig, start_engine
     from sglang_eo_dev.cpu_runtime.stats import read_stats
-    from sglang_eo_dev.cpu_runtime.step_times import STEP_TIMES_ALL_ENV, STEP_TIMES_ENV, read_step_times
+    from sglang_eo_dev.cpu_runtime.step_times import STEP_TIMES_ENV, read_step_times
 
     tag = f"{spec}-{path}-{rep}"
     step_file = os.path.join(tmp, f"steps-{tag}.json")
     plugin_file = os.path.join(tmp, f"plugin-{tag}.json")
     os.environ[STEP_TIMES_ENV] = step_file
-    os.environ[STEP_TIMES_ALL_ENV] = "1"
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
     os.environ["SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"] = "1" if path == "thread" else "0"
     cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=True, vocab_size=VOCAB,

@@ -85,7 +85,7 @@ def test_step_clock_records_only_decode_to_decode_intervals():
 
     assert sc.launch(is_decode=False, bs=8) is False  # prefill
     clock.t = 1.0
-    assert sc.launch(is_decode=True, bs=8) is False  # first decode: nothing before it to close
+    assert sc.launch(is_decode=True, bs=8, grammar=True) is False  # first decode: nothing before it to close
     clock.t = 1.010
     sc.launched()  # run_batch took 10 ms
     region(0.002)  # grammar work in this iteration
@@ -96,14 +96,14 @@ def test_step_clock_records_only_decode_to_decode_intervals():
     sc.launched()
     clock.t = 1.070
     assert sc.launch(is_decode=False, bs=16) is False  # decode -> prefill: not a decode step
-    clock.t = 5.0  # an idle wait, then decode again
-    assert sc.launch(is_decode=True, bs=16) is False
+    clock.t = 5.0  # an idle wait, then decode again, unconstrained this time
+    assert sc.launch(is_decode=True, bs=16, grammar=False) is False
     clock.t = 5.040
-    assert sc.launch(is_decode=True, bs=16) is True
+    assert sc.launch(is_decode=True, bs=16, grammar=True) is True  # the step of the unconstrained batch ends here
 
     assert len(sc.steps) == 2
-    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 5.0])
-    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0])
+    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 1.0, 5.0])
+    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0, 0.0])
 
 
 def test_grammar_timer_times_only_its_own_thread():
@@ -120,6 +120,22 @@ def test_grammar_timer_times_only_its_own_thread():
     t.join()
     region(0.003)
     assert len(calls) == 2 and calls[0] != calls[1]  # both ran
+    assert timer.total_s == pytest.approx(0.003)
+
+
+def test_excluded_instrumentation_inside_a_region_does_not_count():
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+    write = timer.wrap_excluded(lambda dt: setattr(clock, "t", clock.t + dt))
+
+    def region_body():
+        clock.t += 0.002
+        write(0.010)  # the stats-file write, inside the mask step
+        clock.t += 0.001
+
+    timer.wrap(region_body)()
+    assert timer.total_s == pytest.approx(0.003)
+    write(0.5)  # outside any region: nothing to subtract, nothing added
     assert timer.total_s == pytest.approx(0.003)
 
 
@@ -154,17 +170,101 @@ def test_stats_deltas_and_plugin_per_step():
         "grammar_decode_batches": 5, "overlap_disabled_grammar_decode_batches": 0}
 
 
-def test_excluded_instrumentation_inside_a_region_does_not_count():
-    clock = FakeClock()
-    timer = step_times.GrammarTimer(clock)
-    write = timer.wrap_excluded(lambda dt: setattr(clock, "t", clock.t + dt))
+class _Batch:
+    """The attributes of a ``ScheduleBatch`` the step probe reads."""
 
-    def region_body():
-        clock.t += 0.002
-        write(0.010)  # the stats-file write, inside the mask step
-        clock.t += 0.001
+    def __init__(self, spec: bool, decode: bool, grammar: bool, n: int) -> None:
+        self.spec_algorithm = type("Spec", (), {"is_none": lambda _self, s=spec: not s})()
+        self.forward_mode = type("Mode", (), {"is_decode": lambda _self, d=decode: d})()
+        self.has_grammar = grammar
+        self.reqs = [object()] * n
 
-    timer.wrap(region_body)()
-    assert timer.total_s == pytest.approx(0.003)
-    write(0.5)  # outside any region: nothing to subtract, nothing added
-    assert timer.total_s == pytest.approx(0.003)
+
+def test_spec_decode_kind_tells_grammar_from_unconstrained_decode():
+    assert step_times.spec_decode_kind(_Batch(spec=True, decode=True, grammar=True, n=2)) is True
+    assert step_times.spec_decode_kind(_Batch(spec=True, decode=True, grammar=False, n=2)) is False
+    assert step_times.spec_decode_kind(_Batch(spec=True, decode=False, grammar=True, n=2)) is None  # prefill
+    assert step_times.spec_decode_kind(_Batch(spec=False, decode=True, grammar=True, n=2)) is None  # no speculation
+    assert step_times.spec_decode_kind(None) is None and step_times.spec_decode_kind(object()) is None
+
+
+def test_install_appends_one_line_per_step_and_wraps_once(tmp_path, monkeypatch):
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv(step_times.STEP_TIMES_ENV, str(path))
+    wrapped_regions = []  # SGLang's own modules stay untouched in this test process
+    monkeypatch.setattr(step_times, "_wrap_region", lambda timer, *where: wrapped_regions.append(where) or (
+        "missing" if where[1] == "generate_token_bitmask" else None))
+    excluded = []
+    monkeypatch.setattr(step_times, "_exclude_region", lambda timer, *where: excluded.append(where))
+    launched = []
+
+    class Scheduler:
+        def run_batch(self, batch):
+            launched.append(batch)
+            return len(launched)
+
+    sched = Scheduler()
+    step_times.install(sched, (0, 5, 23))
+    wrapped = sched.run_batch
+    step_times.install(sched, (0, 5, 23))  # the CPU runtime and the probe entry point may both install
+    assert sched.run_batch is wrapped
+    unc, gram, prefill = (_Batch(True, True, False, 3), _Batch(True, True, True, 3), _Batch(True, False, True, 3))
+    for b in (prefill, unc, unc, gram, gram, prefill):
+        sched.run_batch(b)
+    assert launched == [prefill, unc, unc, gram, gram, prefill]  # the original ran once per call
+    got = step_times.read_step_times(path)
+    assert [(s[3], s[4]) for s in got["steps"]] == [(3.0, 0.0), (3.0, 0.0), (3.0, 1.0)]  # 3 decode -> decode steps
+    assert all(s[0] >= 0 for s in got["steps"]) and got["pid"] is not None
+    # once, for the first install only: the grammar regions, then the forward (the stats write excluded)
+    assert wrapped_regions == list(step_times._REGIONS_0_5_23) + [step_times._FORWARD]
+    assert excluded == [step_times._EXCLUDED]
+    assert got["errors"] == []  # 0.5.23's regions do not include the failing one
+    step_times.install(Scheduler(), (0, 5, 16))  # another scheduler process appends; its region failure is reported
+    assert step_times.read_step_times(path)["errors"] == ["grammar region not timed: missing"]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('[1.0, 2.0, 3.0, 4.0, 1.0]\n[1.0, 0.0')  # a last line still being written is skipped
+    assert step_times.read_step_times(path)["steps"] == got["steps"] + [[1.0, 2.0, 3.0, 4.0, 1.0]]
+    assert step_times.read_step_times(tmp_path / "none.jsonl") == {"pid": None, "steps": [], "errors": []}
+
+
+def test_install_without_the_env_variable_changes_nothing(monkeypatch):
+    monkeypatch.delenv(step_times.STEP_TIMES_ENV, raising=False)
+
+    class Scheduler:
+        def run_batch(self, batch):
+            return batch
+
+    sched = Scheduler()
+    original = sched.run_batch
+    step_times.install(sched, (0, 5, 16))
+    assert sched.run_batch == original and not hasattr(sched, "_eo_step_times_installed")
+
+
+def test_probe_distribution_is_found_by_the_plugin_loader_in_a_fresh_process(tmp_path):
+    """What SGLang's loader does (``entry_points(group="sglang.srt.plugins")``, then importing the target), in a fresh
+    interpreter without site-packages whose path is only the written folder: the entry point is there, its module
+    imports from the folder, and the dev folder's CPU ``sgl_kernel`` stand-in is not reachable (on a GPU host it
+    would shadow the real kernels)."""
+    import json
+    import subprocess
+    import sys
+
+    d = step_times.write_probe_distribution(tmp_path / "probe")
+    assert step_times.write_probe_distribution(tmp_path / "probe") == d  # a second call (second engine) is fine
+    name, target = step_times.PROBE_ENTRY_POINT
+    code = (
+        "import importlib, importlib.util, json; from importlib.metadata import entry_points\n"
+        "eps = {e.name: e for e in entry_points(group='sglang.srt.plugins')}\n"
+        f"fn = eps[{name!r}].load()\n"
+        "print(json.dumps({'eps': {k: e.value for k, e in eps.items()}, 'fn': fn.__module__ + ':' + fn.__name__,"
+        " 'file': importlib.import_module(fn.__module__).__file__,"
+        " 'sgl_kernel': importlib.util.find_spec('sgl_kernel') is not None}))"
+    )
+    env = {"PYTHONPATH": d, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["eps"] == {name: target} and got["fn"] == target
+    assert got["file"].startswith(str(tmp_path / "probe")) and got["sgl_kernel"] is False
+    assert sorted(p.name for p in (tmp_path / "probe").iterdir()) == ["sglang_eo_dev",
+                                                                      "sglang_eo_step_times_probe-0.0.dist-info"]

@@ -1,15 +1,22 @@
 """The pieces of ``scripts/gpu/`` that can run without a GPU host: the pinned package lists, list parsing and pruning
-(``lib.sh``), the import stand-ins, and the scripts' syntax. The full archive build downloads ~460 MB of wheels, so
-it is not run here (see ``scripts/gpu/build_archive.sh``)."""
+(``lib.sh``), the import stand-ins, the scripts' syntax, and ``run.sh``'s sub-commands (``DRY_RUN=1`` prints the
+command each would run: checked against the benchmark's own argument parser and the CUDA test functions; ``merge``
+runs for real, it needs no GPU). The full archive build downloads ~460 MB of wheels, so it is not run here (see
+``scripts/gpu/build_archive.sh``)."""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from sglang_eo_dev.helpers.scripts import loaded_script
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "scripts" / "gpu"
@@ -97,3 +104,104 @@ def test_import_stand_ins_cover_what_sglang_imports(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "raised" in r.stdout and "sampling-backend pytorch" in r.stdout
+
+
+def _run_sh(*args: str, dry: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1" if dry else "0")
+    return subprocess.run(["bash", str(GPU / "run.sh"), *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    yield from loaded_script(ROOT / "benchmarks" / "bench_gpu_constrained.py", "bench_gpu_constrained_run_sh")
+
+
+@pytest.mark.parametrize("sub, extra, shapes, workload", [
+    ("bench-topk1", [], ["topk1"], "dummy-8b-json"),
+    ("bench-topk4", ["--", "--rounds", "3"], ["topk4"], "dummy-8b-json"),
+    ("bench-workload", ["dummy-8b-json", "topk4"], ["topk4"], "dummy-8b-json"),
+    ("bench-workload", ["dummy-8b-json"], ["topk1"], "dummy-8b-json"),
+])
+def test_bench_sub_commands_run_one_shape_into_the_named_folder(bench, tmp_path, sub, extra, shapes, workload):
+    r = _run_sh(sub, str(tmp_path / "out"), *extra)
+    assert r.returncode == 0, r.stderr
+    cmd = shlex.split(r.stdout)
+    assert cmd[:2] == [sys.executable, "benchmarks/bench_gpu_constrained.py"]
+    args = bench.parse_args(cmd[2:])  # the benchmark's own parser accepts exactly what run.sh passes
+    assert args.device == "cuda" and args.out == str(tmp_path / "out")
+    assert [s.name for s in args.shape_list] == shapes and args.workload == workload
+    assert (args.attention_backend, args.sampling_backend) == ("triton", "pytorch")  # no flashinfer on the host
+    assert args.rounds == (3 if "--rounds" in extra else 2) and args.batch_sizes == [1, 8, 32, 64]
+
+
+def test_cuda_test_sub_commands_split_the_cuda_tests_between_them(tmp_path):
+    """``tests-greedy`` and ``tests-other`` together select every test function of ``tests/gpu``, each once, and
+    write their junit xml into the named folder."""
+    engine_tests = ROOT / "tests" / "gpu" / "test_cuda_engine.py"
+    functions = [n.name for n in ast.parse(engine_tests.read_text()).body
+                 if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    assert sorted(p.name for p in (ROOT / "tests" / "gpu").glob("test_*.py")) == ["test_cuda_engine.py"]
+    greedy = shlex.split(_run_sh("tests-greedy", str(tmp_path)).stdout)
+    other = shlex.split(_run_sh("tests-other", str(tmp_path), "--", "-x").stdout)
+    assert greedy[:3] == [sys.executable, "-m", "pytest"] and other[:3] == greedy[:3]
+    assert "tests/core/test_tree_copy.py" in greedy and (ROOT / "tests" / "core" / "test_tree_copy.py").exists()
+    picked = [a.split("::")[1] for a in greedy if a.startswith("tests/gpu/test_cuda_engine.py::")]
+    assert picked and all(f in functions for f in picked)
+    k = other[other.index("-k") + 1]
+    assert k == "not greedy" and "tests/gpu/test_cuda_engine.py" in other and other[-1] == "-x"
+    by_other = [f for f in functions if "greedy" not in f]
+    assert sorted(picked + by_other) == sorted(functions) and not set(picked) & set(by_other)
+    assert greedy[greedy.index("--junitxml") + 1] == str(tmp_path / "tests-greedy.xml")
+    assert other[other.index("--junitxml") + 1] == str(tmp_path / "tests-other.xml")
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "SUBCOMMAND OUT"),
+    (["bench-topk1"], "name an output folder"),
+    (["bench-topk1", "--", "--rounds", "1"], "name an output folder"),
+    (["bench-workload", "/tmp/x"], "name the workload"),
+    (["merge", "/tmp/x"], "name the result folders"),
+    (["all", "/tmp/x"], "unknown sub-command 'all'"),
+])
+def test_run_sh_refuses_incomplete_calls(args, message):
+    r = _run_sh(*args)
+    assert r.returncode == 2 and message in r.stderr and r.stdout == ""
+
+
+def test_usage_lists_every_sub_command():
+    usage = _run_sh().stderr
+    source = (GPU / "run.sh").read_text()
+    accepted = source.split('case "$mode" in', 1)[1].split(")", 1)[0].strip().split("|")
+    assert accepted == ["check", "tests-greedy", "tests-other", "bench-topk1", "bench-topk4", "bench-workload",
+                        "merge"]
+    for sub in accepted + ["env"]:
+        assert f"  {sub} " in usage, sub
+
+
+def test_merge_joins_the_runs_of_two_device_calls(bench, tmp_path):
+    """Two one-shape results (what ``bench-topk1`` / ``bench-topk4`` write) become one table with both shapes; the
+    merge runs for real (no GPU, no engine)."""
+    def cell(ms):
+        rec = [[ms, 0.0, 1.0, 8, 1.0]]
+        return bench.summarize_cell([{"ms_step": ms, "n_steps": 1, "steps": rec, "accept_len": 1.0,
+                                      "full_batch": True, "requests": 8}], [])
+
+    machine = {"device": "cuda", "device_name": "H200", "cpus": 16, "sglang": "0.5.16", "xgrammar": "0.2.1",
+               "torch": "2.11", "python": "3.12"}
+    for i, (shape, ms) in enumerate((("topk1", 10.0), ("topk4", 20.0))):
+        cells = {(shape, 8, v): cell(ms * f) for v, f in (("json", 1.1), ("unconstrained", 1.0), ("json-off", 2.0))}
+        result = {"command": f"run {shape}", "machine": machine, "workload": "dummy-8b-json", "model": "m",
+                  "shapes": [{"name": shape}], "batch_sizes": [8], "max_new_tokens": 160, "rounds": 1, "repeats": 1,
+                  "wall_s": 100.0, "rows": bench.table_rows(cells, [shape], [8]), "engines": [], "raw": [],
+                  "problems": []}
+        d = tmp_path / f"call{i}"
+        d.mkdir()
+        (d / bench.result_name("cuda", "0.5.16", "dummy-8b-json", [shape])).with_suffix(".json").write_text(
+            json.dumps(result))
+    r = _run_sh("merge", str(tmp_path / "table"), str(tmp_path / "call0"), str(tmp_path / "call1"), dry=False)
+    assert r.returncode == 0, r.stderr + r.stdout
+    merged = json.loads((tmp_path / "table" / "gpu_constrained_cuda_0.5.16_merged.json").read_text())
+    assert [(row["shape"], row["bs"]) for row in merged["rows"]] == [("topk1", 8), ("topk4", 8)]
+    assert merged["commands"] == ["run topk1", "run topk4"] and merged["problems"] == []
+    md = (tmp_path / "table" / "gpu_constrained_cuda_0.5.16_merged.md").read_text()
+    assert "| topk1 | 8 | 10.00" in md and "| topk4 | 8 | 20.00" in md and "`run topk1`; `run topk4`" in md

@@ -1,28 +1,100 @@
 #!/usr/bin/env bash
-# On the offline CUDA host: install the archive from build_archive.sh next to the image's torch, then run the GPU
-# benchmark and/or the CUDA engine tests from this checkout.
+# On the offline CUDA host: install the archive from build_archive.sh next to the image's torch, then run ONE piece of
+# the GPU work from this checkout. Each sub-command fits one 10-minute device call and writes everything (results,
+# logs, junit xml) into the output folder the caller names.
 #
-#   scripts/gpu/run.sh ARCHIVE_DIR [all|bench|tests|env] [-- extra benchmark arguments]
+#   scripts/gpu/run.sh SUBCOMMAND OUT [ARGS] [-- extra arguments for the benchmark / pytest]
 #
-# ARCHIVE_DIR holds site.tar.xz and extra/*.whl. The site directory (SITE, default /tmp/sglang-eo-site) is unpacked
-# once per archive (its sha256 is stamped). Nothing is installed into the image's own Python: everything goes on
-# PYTHONPATH, first the checkout (the plugin), then SITE, then the import stand-ins (only for the packages the host
-# really lacks: flashinfer, deep_gemm). The plugin's entry point (group sglang.srt.plugins) is registered by a
-# dist-info written into SITE, so SGLang loads it exactly as after `pip install`.
-#   all   = tests, then bench (default);  env = print the exports and stop (source-able: eval "$(run.sh DIR env)").
-# RESULTS_DIR (default benchmarks/results) receives the benchmark's md/json/png; the run's logs go there too.
-# A full benchmark grid (2 shapes x 4 batch sizes x 3 variants, 4 engine starts) may need more than a 10-minute
-# slot: split it, e.g. `run.sh DIR bench -- --shapes topk1` then `-- --shapes topk4`.
+#   check           OUT       unpack, then check torch + CUDA, SGLang, xgrammar and the plugin's entry point (~1 min)
+#   tests-greedy    OUT       CUDA tests: tree copy + greedy EAGLE3 = non-speculative, plugin on/off (5 engines)
+#   tests-other     OUT       CUDA tests: sampling accepted by the grammar + small KV pool retractions next to aborts
+#   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained)
+#                             and plugin-off engine (json), 160-token outputs (2 engine starts ~2-4 min + ~2 min)
+#   bench-topk4     OUT       the same for topk 4 / 8 draft tokens
+#   bench-workload  OUT NAME [SHAPE]  the same benchmark, one shape (default topk1), for workload NAME
+#                             (WORKLOADS in benchmarks/bench_gpu_constrained.py: the hook for a second workload)
+#   merge           OUT DIR.. join the benchmark results found in the DIRs into one table in OUT (no GPU needed)
+#   env                       print the exports (source-able: eval "$(scripts/gpu/run.sh env)")
+#
+# The table is two device calls, `bench-topk1 OUT1` and `bench-topk4 OUT2`, then `merge OUT OUT1 OUT2` anywhere.
+# Times are estimates from the measured H200 table (engine start with CUDA graphs ~1-2 min), not measured runs.
+# ARCHIVE_DIR (default scripts/gpu/archive) holds site.tar.xz and extra/*.whl. The site directory (SITE, default
+# /tmp/sglang-eo-site) is unpacked once per archive (its sha256 is stamped). Nothing is installed into the image's own
+# Python: everything goes on PYTHONPATH, first the checkout (the plugin), then SITE, then the import stand-ins (only
+# for the packages the host really lacks: flashinfer, deep_gemm). The plugin's entry point (group sglang.srt.plugins)
+# is registered by a dist-info written into SITE, so SGLang loads it exactly as after `pip install`.
+# DRY_RUN=1 prints the command a sub-command would run and stops before anything is unpacked (tests use it).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-archive=$(cd "${1:?usage: run.sh ARCHIVE_DIR [all|bench|tests|env] [-- bench args]}" && pwd)
-mode=${2:-all}
-shift $(( $# >= 2 ? 2 : 1 ))
+usage() { sed -n '5,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+mode=${1:-}
+[ -n "$mode" ] || usage
+shift
+out=""
+name=""
+merge_dirs=()
+case "$mode" in
+  check|tests-greedy|tests-other|bench-topk1|bench-topk4|bench-workload|merge)
+    [ $# -ge 1 ] && [ "$1" != "--" ] || { echo "run.sh $mode: name an output folder: run.sh $mode OUT" >&2; exit 2; }
+    out=$1
+    shift ;;
+  env) ;;
+  *) echo "run.sh: unknown sub-command '$mode'" >&2; usage ;;
+esac
+if [ "$mode" = bench-workload ]; then
+  [ $# -ge 1 ] && [ "$1" != "--" ] || {
+    echo "run.sh bench-workload: name the workload: run.sh bench-workload OUT NAME [SHAPE]" >&2; exit 2; }
+  name=$1
+  shift
+  shape=topk1
+  if [ $# -ge 1 ] && [ "$1" != "--" ]; then shape=$1; shift; fi
+fi
+if [ "$mode" = merge ]; then
+  while [ $# -ge 1 ] && [ "$1" != "--" ]; do merge_dirs+=("$1"); shift; done
+  [ ${#merge_dirs[@]} -ge 1 ] || { echo "run.sh merge: name the result folders: run.sh merge OUT DIR..." >&2; exit 2; }
+fi
 [ "${1:-}" = "--" ] && shift
 py=${PYTHON:-python3}
-site=${SITE:-/tmp/sglang-eo-site}
-results=${RESULTS_DIR:-$repo/benchmarks/results}
+bench=(benchmarks/bench_gpu_constrained.py --device cuda --attention-backend triton --sampling-backend pytorch)
+case "$mode" in
+  tests-greedy) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/core/test_tree_copy.py
+                     tests/gpu/test_cuda_engine.py::test_greedy_eagle3_token_identical_to_non_speculative) ;;
+  tests-other) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/gpu/test_cuda_engine.py -k "not greedy") ;;
+  bench-topk1) cmd=("$py" "${bench[@]}" --shapes topk1) ;;
+  bench-topk4) cmd=("$py" "${bench[@]}" --shapes topk4) ;;
+  bench-workload) cmd=("$py" "${bench[@]}" --workload "$name" --shapes "$shape") ;;
+  merge) cmd=("$py" benchmarks/bench_gpu_constrained.py --merge) ;;
+  *) cmd=() ;;
+esac
+case "$mode" in
+  tests-*) cmd+=(--junitxml "$out/$mode.xml") ;;
+  bench-*) cmd+=(--out "$out") ;;
+esac
+cmd+=("$@")
+if [ "$mode" = merge ]; then
+  files=()
+  for d in "${merge_dirs[@]}"; do
+    for f in "$d"/gpu_constrained_cuda_*.json; do
+      case "$f" in *_merged.json|*"*"*) ;; *) files+=("$f") ;; esac
+    done
+  done
+  [ ${#files[@]} -ge 1 ] || { echo "run.sh merge: no gpu_constrained_cuda_*.json in ${merge_dirs[*]}" >&2; exit 1; }
+  cmd=("${cmd[@]:0:3}" "${files[@]}" --out "$out" "${cmd[@]:3}")
+fi
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  if [ ${#cmd[@]} -gt 0 ]; then printf '%q ' "${cmd[@]}"; echo; else echo "($mode: environment only)"; fi
+  exit 0
+fi
 log() { echo "[run.sh $(date -u +%T)] $*" >&2; }
+if [ "$mode" = merge ]; then
+  mkdir -p "$out"
+  cd "$repo" && exec "${cmd[@]}"
+fi
+archive_dir=${ARCHIVE_DIR:-$repo/scripts/gpu/archive}
+[ -f "$archive_dir/site.tar.xz" ] || {
+  echo "run.sh: no $archive_dir/site.tar.xz (set ARCHIVE_DIR; scripts/gpu/build_archive.sh builds it)" >&2; exit 1; }
+archive=$(cd "$archive_dir" && pwd)
+site=${SITE:-/tmp/sglang-eo-site}
 
 # 1. unpack (once per archive)
 stamp=$(sha256sum "$archive/site.tar.xz" | cut -c1-16)
@@ -71,7 +143,8 @@ if [ "$mode" = env ]; then
   exit 0
 fi
 
-"$py" - <<'PY'
+mkdir -p "$out"
+"$py" - <<'PY' 2>&1 | tee "$out/check.log"
 from importlib.metadata import entry_points, version
 import torch
 eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
@@ -83,18 +156,11 @@ if "sglang_eagle_overlap.plugin:load" not in eps:
 if not torch.cuda.is_available():
     raise SystemExit("no CUDA device visible")
 PY
+[ "$mode" = check ] && exit 0
 
-mkdir -p "$results"
-status=0
 cd "$repo"
-if [ "$mode" = all ] || [ "$mode" = tests ]; then
-  log "CUDA tests: pytest -m cuda tests/gpu tests/core/test_tree_copy.py"
-  "$py" -m pytest -q -m cuda -p no:cacheprovider tests/gpu tests/core/test_tree_copy.py 2>&1 \
-    | tee "$results/gpu_tests.log" || status=1
-fi
-if [ "$mode" = all ] || [ "$mode" = bench ]; then
-  log "benchmark: benchmarks/bench_gpu_constrained.py $*"
-  "$py" benchmarks/bench_gpu_constrained.py --device cuda --attention-backend triton --sampling-backend pytorch \
-    --out "$results" "$@" 2>&1 | tee "$results/gpu_bench.log" || status=1
-fi
+log "$mode: ${cmd[*]}"
+status=0
+"${cmd[@]}" 2>&1 | tee "$out/$mode.log" || status=$?
+log "$mode: exit $status; files in $out"
 exit $status

@@ -27,17 +27,72 @@ def _out(tokens: int, verify: int) -> dict:
     return {"meta_info": {"completion_tokens": tokens, "spec_verify_ct": verify}}
 
 
-def test_round_result_subtracts_the_one_token_batch(bench):
-    full = [_out(40, 20), _out(40, 19)]  # accept length 2: 20 steps for 40 tokens
-    one = [_out(1, 0), _out(1, 0)]
-    r = bench.round_result(t_full=0.50, t_one=0.10, full=full, one=one, max_new_tokens=40)
-    assert r["steps"] == 20
-    assert r["ms_step"] == pytest.approx(400 / 20)
-    assert r["ms_token"] == pytest.approx(400 / 39)
-    assert r["accept_len"] == pytest.approx(78 / 40)
-    assert r["full_batch"] is True
-    short = bench.round_result(0.5, 0.1, [_out(40, 20), _out(12, 6)], one, max_new_tokens=40)
+def test_round_result_takes_the_scheduler_steps_of_the_full_batch_and_its_kind(bench):
+    # [step_ms, grammar_ms, run_batch_ms, bs, grammar]: full-batch grammar steps 10/30/20, a shrunk batch, an
+    # unconstrained step (another variant's batch), a 4-field record of an older probe (no kind: ignored)
+    records = [[10.0, 1.0, 5.0, 2, 1.0], [30.0, 3.0, 5.0, 2, 1.0], [99.0, 9.0, 5.0, 1, 1.0], [7.0, 0.0, 5.0, 2, 0.0],
+               [20.0, 2.0, 5.0, 2, 1.0], [50.0, 0.0, 5.0, 2]]
+    outs = [_out(40, 20), _out(40, 19)]  # 78 tokens after the prefill's two, in 39 verify steps
+    r = bench.round_result(records, outs, bs=2, grammar=True, max_new_tokens=40)
+    assert r["ms_step"] == 20.0 and r["n_steps"] == 3
+    assert [s[0] for s in r["steps"]] == [10.0, 30.0, 20.0]
+    assert r["accept_len"] == pytest.approx(78 / 39)
+    assert r["full_batch"] is True and r["requests"] == 2
+    unc = bench.round_result(records, outs, bs=2, grammar=False, max_new_tokens=40)
+    assert unc["ms_step"] == 7.0 and unc["n_steps"] == 1
+    short = bench.round_result(records, [_out(40, 20), _out(12, 6)], bs=2, grammar=True, max_new_tokens=40)
     assert short["full_batch"] is False and short["tokens_min"] == 12
+    none = bench.round_result([], outs, bs=2, grammar=True, max_new_tokens=40)
+    assert none["ms_step"] is None and none["n_steps"] == 0
+
+
+def test_gpu_engine_kwargs_are_the_measured_setup(bench):
+    args = bench.parse_args(["--device", "cuda", "--shapes", "topk4", "--attention-backend", "triton",
+                             "--sampling-backend", "pytorch"])
+    assert args.batch_sizes == [1, 8, 32, 64] and args.max_new_tokens == 160 and args.rounds == 2
+    assert args.warmup_tokens == 32 and args.dummy and args.workload_def.schema is bench.BENCH_SCHEMA
+    kw = bench.gpu_engine_kwargs(args, args.shape_list[0], "/t", "/d")
+    assert kw["constrained_json_disable_any_whitespace"] is True and kw["load_format"] == "dummy"
+    assert (kw["attention_backend"], kw["sampling_backend"], kw["dtype"]) == ("triton", "pytorch", "bfloat16")
+    assert kw["cuda_graph_max_bs_decode"] == 64 and kw["max_running_requests"] == 64
+    assert (kw["speculative_eagle_topk"], kw["speculative_num_draft_tokens"]) == (4, 8)
+    assert kw["disable_radix_cache"] is True and kw["speculative_draft_model_path"] == "/d"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cuda", "--workload", "no-such-workload"])
+
+
+def test_a_second_workload_is_one_registry_entry(bench, monkeypatch):
+    """The hook ``run.sh bench-workload OUT NAME`` uses: a workload with its own schema and a real pair."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    real = bench.Workload("real-8b", "a local checkpoint", "llama-3.1-8b", "llama-3.1-8b-eagle3", schema,
+                          max_new_tokens=96, model_path="/ckpt/target", draft_model_path="/ckpt/draft")
+    monkeypatch.setitem(bench.WORKLOADS, "real-8b", real)
+    args = bench.parse_args(["--device", "cuda", "--workload", "real-8b", "--shapes", "topk1"])
+    assert (args.model_path, args.draft_model_path, args.dummy) == ("/ckpt/target", "/ckpt/draft", False)
+    assert args.max_new_tokens == 96 and args.workload_def is real
+    kw = bench.gpu_engine_kwargs(args, args.shape_list[0], args.model_path, args.draft_model_path)
+    assert "load_format" not in kw and kw["model_path"] == "/ckpt/target"
+    assert json.loads(bench._params(real, "json", 8)["json_schema"]) == schema
+    assert "json_schema" not in bench._params(real, "unconstrained", 8)
+    override = bench.parse_args(["--device", "cuda", "--workload", "real-8b", "--model-path", "/m",
+                                 "--draft-model-path", "/d"])
+    assert (override.model_path, override.draft_model_path) == ("/m", "/d")
+
+
+def test_result_names_and_merge(bench):
+    assert bench.result_name("cuda", "0.5.16", "dummy-8b-json", ["topk1", "topk4"]) == "gpu_constrained_cuda_0.5.16"
+    assert bench.result_name("cuda", "0.5.16", "dummy-8b-json", ["topk1"]) == "gpu_constrained_cuda_0.5.16_topk1"
+    assert bench.result_name("cuda", "0.5.16", "other", ["topk4"]) == "gpu_constrained_cuda_0.5.16_other_topk4"
+    machine = {"device": "cuda", "device_name": "H200", "sglang": "0.5.16"}
+    one = {"machine": machine, "model": "m", "workload": "w", "max_new_tokens": 160, "rounds": 2, "repeats": 1,
+           "command": "c1", "rows": [{"shape": "topk1", "bs": 1}], "engines": [{"plugin": "on"}], "problems": [],
+           "raw": [], "shapes": [{"name": "topk1"}], "batch_sizes": [1], "wall_s": 300.0}
+    two = dict(one, command="c2", rows=[{"shape": "topk4", "bs": 1}], shapes=[{"name": "topk4"}], wall_s=200.0)
+    merged = bench.merge_results([one, two])
+    assert [r["shape"] for r in merged["rows"]] == ["topk1", "topk4"] and merged["commands"] == ["c1", "c2"]
+    assert merged["problems"] == [] and merged["wall_s"] == 500.0 and len(merged["engines"]) == 2
+    other = dict(two, machine=dict(machine, device_name="H100"))
+    assert any("device_name" in p for p in bench.merge_results([one, other])["problems"])
 
 
 def test_parse_shapes_defaults_and_extra_shapes(bench):
@@ -55,32 +110,40 @@ def test_parse_shapes_defaults_and_extra_shapes(bench):
 
 
 def test_summaries_rows_and_markdown(bench):
-    rounds = [{"ms_step": 10.0, "ms_token": 10.0, "accept_len": 1.0, "full_batch": True, "requests": 8},
-              {"ms_step": 12.0, "ms_token": 12.0, "accept_len": 1.0, "full_batch": True, "requests": 8}]
+    def rnd(steps, accept=1.0):
+        recs = [[x, 0.5, 1.0, 8, 1.0] for x in steps]
+        return {"ms_step": bench.statistics.median(steps), "n_steps": len(steps), "steps": recs, "accept_len": accept,
+                "full_batch": True, "requests": 8}
+
+    rounds = [rnd([10.0, 10.0, 12.0]), rnd([12.0, 12.0, 11.0])]  # pooled median 11.5, round medians 10 and 12
     ph = [{"steps": 100, "advance_s": 0.2, "tree_wait_s": 0.05, "mask_s": 0.1, "unhidden_s": 0.03,
            "mask_timeouts": 8}] * 2
     on = bench.summarize_cell(rounds, ph)
-    assert on["ms_step"] == pytest.approx(11.0) and on["ms_step_best"] == 10.0
+    assert on["ms_step"] == pytest.approx(11.5) and on["ms_step_best"] == 10.0 and on["n_steps"] == 6
+    assert on["n"] == 2 and on["grammar_ms"] == 0.5 and on["ms_token"] == pytest.approx(11.5)
     assert on["phases"]["advance_ms"] == pytest.approx(2.0) and on["phases"]["mask_ms"] == pytest.approx(1.0)
     assert on["phases"]["mask_timeouts_per_request"] == pytest.approx(1.0)
-    unc = bench.summarize_cell([dict(rounds[0], ms_step=8.0)], [])
-    off = bench.summarize_cell([dict(rounds[0], ms_step=22.0)], [])
+    unc = bench.summarize_cell([rnd([8.0], accept=2.0)], [])
+    assert unc["ms_token"] == pytest.approx(4.0)
+    off = bench.summarize_cell([rnd([23.0])], [])
     rows = bench.table_rows({("topk1", 8, "json"): on, ("topk1", 8, "unconstrained"): unc,
                              ("topk1", 8, "json-off"): off}, ["topk1"], [8, 32])
-    assert rows[0]["overhead"] == pytest.approx(11 / 8 - 1) and rows[0]["off_over_on"] == pytest.approx(2.0)
+    assert rows[0]["overhead"] == pytest.approx(11.5 / 8 - 1) and rows[0]["off_over_on"] == pytest.approx(2.0)
     assert rows[1]["overhead"] is None  # bs 32 never ran
-    rows[0]["model_plugin_ms"], rows[0]["model_err"] = 11.5, 11.5 / 11 - 1
+    rows[0]["model_plugin_ms"], rows[0]["model_err"] = 12.65, 12.65 / 11.5 - 1
     result = {"machine": {"device_name": "H200", "cpus": 16, "sglang": "0.5.16", "xgrammar": "0.2.1",
                           "torch": "2.11", "python": "3.12"}, "model": "m", "max_new_tokens": 160, "rounds": 2,
               "repeats": 1, "command": "python benchmarks/bench_gpu_constrained.py", "rows": rows, "problems": []}
     md = bench.markdown(result)
-    assert "| topk1 | 8 | 8.00 | 11.00 | 22.00 |" in md
-    assert "+37.5%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30" in md and "11.50 (+4.5%)" in md
+    assert "| topk1 | 8 | 8.00 (8.00-8.00) | 11.50 (10.00-12.00) | 23.00 (23.00-23.00) | 8.00 / 10.00 / 23.00 |" in md
+    assert "+43.8%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30" in md and "12.65 (+10.0%)" in md
+    assert "| 1 / 6 / 1 |" in md  # steps per variant
 
 
 @pytest.mark.engine
 def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
-    """Both engines (plugin on: json + unconstrained; plugin off: json), 2 batch sizes, on the tiny random pair."""
+    """Both engines (plugin on: json + unconstrained; plugin off: json), 2 batch sizes, on the tiny random pair; step
+    times come from the scheduler's step probe for every variant, with the grammar kind of each step."""
     if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("sglang_eo_dev") is None:
         pytest.skip("needs SGLang and the dev CPU runtime (scripts/setup_cpu_env.sh <version>)")
     env = dict(os.environ)
@@ -91,6 +154,7 @@ def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
     (result_file,) = tmp_path.glob("gpu_constrained_cpu_*.json")
+    assert result_file.name.endswith("_topk1.json")
     result = json.loads(result_file.read_text())
     assert result["problems"] == []
     assert {(e["plugin"], e["active"]) for e in result["engines"]} == {("on", True), ("off", False)}
@@ -100,10 +164,16 @@ def test_cpu_mode_runs_every_variant_end_to_end(tmp_path):
             cell = row[v]
             assert cell["n"] == 1 and cell["ms_step"] > 0 and cell["full_batch"], (v, cell)
             assert cell["accept_len"] >= 1.0
+            raw = next(x for x in result["raw"] if x["shape"] == "topk1" and x["bs"] == row["bs"] and x["variant"] == v)
+            steps = raw["rounds"][0]["steps"]
+            # every recorded step held the whole batch and was of this variant's kind (grammar or not)
+            assert steps and all(s[3] == row["bs"] and s[4] == (0.0 if v == "unconstrained" else 1.0) for s in steps)
+            # at most one step per output token after the prefill's (accept length >= 1)
+            assert len(steps) <= 12 - 1 and cell["n_steps"] == len(steps)
+        # SGLang enters its grammar entry points for every batch and returns at once without grammar requests
+        assert row["json"]["grammar_ms"] > row["unconstrained"]["grammar_ms"] >= 0.0
         ph = row["json"]["phases"]
-        raw = next(x for x in result["raw"]
-                   if x["shape"] == "topk1" and x["bs"] == row["bs"] and x["variant"] == "json")
-        assert ph is not None and ph["steps"] >= raw["rounds"][0]["steps"]  # the plugin owned every verify step
+        assert ph is not None and ph["steps"] >= row["json"]["n_steps"]  # the plugin owned every timed step
         assert row["json-off"]["phases"] is None and row["unconstrained"]["phases"] is None
     md = result_file.with_suffix(".md").read_text()
     assert "| topk1 | 2 |" in md and "MEASURED on" in md

@@ -74,11 +74,12 @@ def test_fit_cell_must_be_cpu_bound(sm):
 
 
 def test_budget_summary_of_a_cell(sb):
-    steps = [[10.0, 2.0, 8.0, 8, 6.0], [12.0, 3.0, 9.0, 8, 7.0], [14.0, 4.0, 9.0, 8, 7.0], [99.0, 9.0, 9.0, 7, 1.0]]
+    steps = [[10.0, 2.0, 8.0, 8, 1.0, 6.0], [12.0, 3.0, 9.0, 8, 1.0, 7.0], [14.0, 4.0, 9.0, 8, 1.0, 7.0],
+             [99.0, 9.0, 9.0, 7, 1.0, 1.0]]
     s = sb.cell_summary(steps, 8)
     assert s == {"n": 3, "step_ms": 12.0, "forward_ms": 7.0, "cpu_ms": 5.0, "grammar_ms": 3.0}
     assert sb.cell_summary(steps, 64) == {"n": 0}
-    unc = sb.cell_summary([[8.0, 0.0, 6.0, 8, 6.0]], 8)  # a = 2
+    unc = sb.cell_summary([[8.0, 0.0, 6.0, 8, 0.0, 6.0]], 8)  # a = 2
     b = sb.budget(unc, s, {"helper_gil_ms": 0.5})
     assert b == {"a_ms": 2.0, "b_ms": 3.5, "b_cross_ms": 3.0}
     assert sb.budget({"n": 0}, s, None)["a_ms"] is None

@@ -9,7 +9,9 @@ Engines are expensive (CUDA graph capture), so :class:`GpuEnginePool` keeps at m
 a test asks for another :class:`GpuConfig`; the plugin switch (``SGLANG_EAGLE_OVERLAP``) and its stats file are set
 in the environment before each start, which the scheduler subprocess inherits.
 
-Backends default to what the offline host supports without flashinfer (``triton`` attention, ``pytorch`` sampling);
+Engine arguments come from ``benchmarks/gpu_engine_args.py`` (shared with the GPU benchmark; its field names are
+checked against the installed ``ServerArgs`` on CPU by ``tests/test_gpu_engine_args.py``). Backends default to what
+the offline host supports without flashinfer (``triton`` attention, ``pytorch`` sampling);
 ``SGLANG_EO_GPU_ATTENTION_BACKEND`` / ``SGLANG_EO_GPU_SAMPLING_BACKEND`` / ``SGLANG_EO_GPU_DTYPE`` override them.
 """
 
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import pytest
+
+from benchmarks.gpu_engine_args import gpu_engine_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
@@ -62,25 +66,39 @@ class GpuConfig:
         return f"{self.pair}-{self.spec or 'nospec'}-plugin-{'on' if self.plugin else 'off'}"
 
 
+# The small-KV-pool server of test_small_kv_pool_retractions_next_to_aborts: 1536 tokens for 16 requests of up to
+# 600 tokens forces retractions.
+RETRACTION_CONFIG = GpuConfig(spec="topk1", plugin=True, extra=(("max_total_tokens", 1536),))
+
+
 def engine_kwargs(cfg: GpuConfig, pair: Dict[str, Any]) -> Dict[str, Any]:
-    kw: Dict[str, Any] = dict(
+    """``sglang.Engine`` keyword arguments (also the server's flags) for ``cfg`` on ``pair``: 16 requests and decode
+    CUDA graphs up to 16, 30 % of the GPU memory, 1024-token context."""
+    return gpu_engine_kwargs(
         model_path=pair["target"],
+        max_bs=16,
+        draft_model_path=pair["draft"],
+        spec=SHAPES[cfg.spec] if cfg.spec is not None else None,
         dtype=os.environ.get("SGLANG_EO_GPU_DTYPE", "bfloat16"),
         attention_backend=os.environ.get("SGLANG_EO_GPU_ATTENTION_BACKEND", "triton"),
         sampling_backend=os.environ.get("SGLANG_EO_GPU_SAMPLING_BACKEND", "pytorch"),
         mem_fraction_static=0.3,
-        max_running_requests=16,
-        cuda_graph_max_bs=16,
         context_length=1024,
-        random_seed=0,
-        grammar_backend="xgrammar",
-        constrained_json_disable_any_whitespace=True,  # the tiny models would otherwise write whitespace forever
-        log_level="warning",
+        extra=dict(cfg.extra),
     )
-    if cfg.spec is not None:
-        kw.update(speculative_algorithm="EAGLE3", speculative_draft_model_path=pair["draft"], **SHAPES[cfg.spec])
-    kw.update(dict(cfg.extra))
-    return kw
+
+
+def server_flags(kwargs: Dict[str, Any]) -> list:
+    """``python -m sglang.launch_server`` flags for engine keyword arguments (``True`` -> bare flag, ``False`` ->
+    omitted)."""
+    args: list = []
+    for k, v in kwargs.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            args += [flag] if v else []
+        else:
+            args += [flag, str(v)]
+    return args
 
 
 class GpuEnginePool:

@@ -31,7 +31,7 @@ from typing import Any, Dict, List
 import pytest
 
 from ..e2e.common import EBNF, REGEX, ebnf_matches, output_ids
-from .conftest import GpuConfig, engine_kwargs
+from .conftest import RETRACTION_CONFIG, GpuConfig, engine_kwargs, server_flags
 
 pytestmark = pytest.mark.cuda
 
@@ -185,13 +185,7 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         args = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--skip-server-warmup"]
-        for k, v in kwargs.items():
-            flag = "--" + k.replace("_", "-")
-            if isinstance(v, bool):
-                args += [flag] if v else []
-            else:
-                args += [flag, str(v)]
+                "--skip-server-warmup", *server_flags(kwargs)]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -229,8 +223,7 @@ def test_small_kv_pool_retractions_next_to_aborts(gpu_pool, tmp_path):
     pair = gpu_pool.pair("random")
     stats_file = str(tmp_path / "stats.json")
     env = dict(os.environ, SGLANG_EAGLE_OVERLAP="1", SGLANG_EAGLE_OVERLAP_STATS_FILE=stats_file)
-    kwargs = engine_kwargs(GpuConfig(spec="topk1", plugin=True), pair)
-    kwargs.update(max_total_tokens=1536, max_running_requests=16, cuda_graph_max_bs=16)
+    kwargs = engine_kwargs(RETRACTION_CONFIG, pair)
     server = _Server(kwargs, str(tmp_path / "server.log"), env)
     try:
         server.wait_healthy()

@@ -1,14 +1,17 @@
 """Per-decode-step wall time and grammar time, measured inside the scheduler process (TEST / BENCHMARK ONLY).
 
-Active only when ``SGLANG_EO_STEP_TIMES_FILE`` names a file; :func:`install` (called by the CPU-runtime plugin right
-after ``Scheduler.__init__``, when every class-level hook of every plugin is in place) then wraps:
+Active only when ``SGLANG_EO_STEP_TIMES_FILE`` names a file; :func:`install` runs right after ``Scheduler.__init__``
+(when every class-level hook of every plugin is in place), called by the CPU-runtime plugin on CPU, or by this
+module's own SGLang plugin entry :func:`load` anywhere else (a GPU host: :func:`write_probe_distribution` makes SGLang
+discover it without installing anything; both may run, the second install is a no-op). It wraps:
 
 * the scheduler instance's ``run_batch`` (outermost): a *decode step* is the interval between the launch of a
-  speculative grammar decode batch and the next ``run_batch`` launch, when that next batch is one too. Both overlap
-  loops (0.5.16, 0.5.23) do one ``run_batch`` and one ``process_batch_result`` per iteration, whether or not overlap
-  was disabled for the batch, so the interval is one whole loop iteration: schedule + launch/forward + verify grammar
-  mask + post-processing of the previous result. Intervals ending at a prefill, an idle wait or a plain batch are
-  not recorded (they are not a decode step).
+  speculative decode batch (with or without grammar requests) and the next ``run_batch`` launch, when that next batch
+  is one too. Both overlap loops (0.5.16, 0.5.23) do one ``run_batch`` and one ``process_batch_result`` per iteration,
+  whether or not overlap was disabled for the batch, so the interval is one whole loop iteration: schedule +
+  launch/forward + verify grammar mask + post-processing of the previous result; in the overlapped steady state on a
+  GPU it is the step period. Intervals ending at a prefill, an idle wait or a non-speculative batch are not recorded
+  (they are not a decode step).
 * *grammar regions*: SGLang's own grammar entry points as its callers reach them (so whatever a plugin hooked into
   them is included) and the product plugin's mask step. Time is counted while at least one region is open, so nested
   regions (0.5.23: ``build_grammar_vocab_mask`` -> barrier -> ``advance_grammar_fsm``) count once.
@@ -26,8 +29,14 @@ after ``Scheduler.__init__``, when every class-level hook of every plugin is in 
 * the model forward (``ModelRunner.forward``, draft and target alike): on a CPU engine it is the "GPU work" of the
   step, run synchronously on the scheduler thread; ``step - forward`` is the scheduler thread's own CPU work.
 
-The file holds ``{"pid", "steps": [[step_ms, grammar_ms, run_batch_ms, bs, forward_ms], ...], "errors": [...]}``,
-rewritten atomically after every recorded step (a few hundred steps per benchmark run).
+Regions are timed on the scheduler thread only (the product plugin's grammar thread passes through untimed), and the
+plugin's stats-file write inside a region is not counted (instrumentation).
+
+Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms]`` (``grammar`` 1.0 when the step's batch
+held a grammar request, else 0.0). The file is JSON lines, only ever appended to (name a fresh path per engine), one flushed
+line per recorded step (one small write: a GPU run records thousands of steps, and rewriting a whole file per step
+would cost the scheduler thread milliseconds): a ``{"pid": ...}`` header per scheduler process, then one record list
+per step and ``{"error": ...}`` objects. :func:`read_step_times` returns ``{"pid", "steps": [...], "errors": [...]}``.
 """
 
 from __future__ import annotations
@@ -40,11 +49,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ["STEP_TIMES_ALL_ENV", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "install", "read_step_times"]
+__all__ = ["PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "install", "load", "read_step_times",
+           "write_probe_distribution"]
 
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"
-STEP_TIMES_ALL_ENV = "SGLANG_EO_STEP_TIMES_ALL"
-MAX_STEPS = 20000
+MAX_STEPS = 200000
+# name = target of this module's SGLang plugin entry point (group ``sglang.srt.plugins``)
+PROBE_ENTRY_POINT = ("eo_step_times", "sglang_eo_dev.cpu_runtime.step_times:load")
+_INSTALLED_ATTR = "_eo_step_times_installed"
 
 
 class GrammarTimer:
@@ -106,37 +118,38 @@ class GrammarTimer:
 
 
 class StepClock:
-    """Turns ``run_batch`` launches into decode-step records ``(step_ms, grammar_ms, run_batch_ms, bs)``.
+    """Turns ``run_batch`` launches into decode-step records
+    ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms]``.
 
     Call :meth:`launch` when a batch is launched and :meth:`launched` when its ``run_batch`` returned. A step is
     recorded at a launch when both this launch and the previous one are decode steps (``is_decode=True``); its grammar
-    time is the :class:`GrammarTimer` total accumulated between the two launches.
+    time is the :class:`GrammarTimer` total accumulated between the two launches; ``bs`` and ``grammar`` are those of
+    the previous launch (the batch whose step ends here); ``forward_ms`` the ``forward`` timer's total in the interval
+    (0 without one).
     """
 
     def __init__(self, timer: GrammarTimer, clock: Callable[[], float] = time.perf_counter,
                  forward: Optional[GrammarTimer] = None) -> None:
         self.timer = timer
         self.forward = forward
-        self._clock = clock
-        self._prev: Optional[tuple[float, float, float, int]] = None  # (launch t, grammar total, run_batch s, bs)
         self._fwd0 = 0.0
-        self._run_s = 0.0
+        self._clock = clock
+        # (launch t, grammar total, run_batch s, bs, grammar flag) of the last decode launch
+        self._prev: Optional[tuple[float, float, float, int, bool]] = None
         self.steps: list[list[float]] = []
 
-    def launch(self, is_decode: bool, bs: int) -> bool:
-        """Returns True when a step was recorded."""
+    def launch(self, is_decode: bool, bs: int, grammar: bool = True) -> bool:
+        """Returns True when a step was recorded (it is then ``self.steps[-1]``)."""
         now = self._clock()
         recorded = False
         fwd = self.forward.total_s if self.forward is not None else 0.0
         if self._prev is not None and is_decode:
-            t0, g0, run_s, prev_bs = self._prev
+            t0, g0, run_s, prev_bs, prev_grammar = self._prev
             if len(self.steps) < MAX_STEPS:
-                self.steps.append(
-                    [(now - t0) * 1e3, (self.timer.total_s - g0) * 1e3, run_s * 1e3, float(prev_bs),
-                     (fwd - self._fwd0) * 1e3]
-                )
+                self.steps.append([(now - t0) * 1e3, (self.timer.total_s - g0) * 1e3, run_s * 1e3, float(prev_bs),
+                                   1.0 if prev_grammar else 0.0, (fwd - self._fwd0) * 1e3])
                 recorded = True
-        self._prev = (now, self.timer.total_s, 0.0, bs) if is_decode else None
+        self._prev = (now, self.timer.total_s, 0.0, bs, grammar) if is_decode else None
         self._fwd0 = fwd
         self._launched_at = now
         return recorded
@@ -144,8 +157,8 @@ class StepClock:
     def launched(self) -> None:
         """``run_batch`` of the batch passed to the last :meth:`launch` returned."""
         if self._prev is not None:
-            t0, g0, _, bs = self._prev
-            self._prev = (t0, g0, self._clock() - self._launched_at, bs)
+            t0, g0, _, bs, grammar = self._prev
+            self._prev = (t0, g0, self._clock() - self._launched_at, bs, grammar)
 
 
 # (module, attribute holding a function or class, method name or None)
@@ -165,9 +178,22 @@ _REGIONS_0_5_23 = (
     ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
 )
+# Instrumentation inside a region, not counted: the plugin's stats-file write.
+_EXCLUDED = ("sglang_eagle_overlap.core.step", "GrammarStep", "write_stats")
 # The model forward ("GPU work" on a CPU engine: it runs synchronously on the scheduler thread there).
 _FORWARD = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
 _OPTIONAL_MODULE_PREFIX = "sglang_eagle_overlap."  # the product plugin may be absent
+
+
+def _exclude_region(timer: GrammarTimer, module: str, attr: str, method: str) -> None:
+    """Make ``module.attr.method`` not count inside ``timer``'s regions (absent: nothing to do)."""
+    try:
+        owner = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return
+    fn = owner.__dict__.get(method)
+    if fn is not None and not getattr(fn, timer._marker, False):
+        setattr(owner, method, timer.wrap_excluded(fn))
 
 
 def _wrap_region(timer: GrammarTimer, module: str, attr: str, method: Optional[str]) -> Optional[str]:
@@ -191,78 +217,137 @@ def _wrap_region(timer: GrammarTimer, module: str, attr: str, method: Optional[s
     return None
 
 
+def spec_decode_kind(batch: Any) -> Optional[bool]:
+    """None when ``batch`` is not a speculative decode batch, else whether it holds a grammar request."""
+    try:
+        if batch is None or batch.spec_algorithm.is_none() or not batch.forward_mode.is_decode():
+            return None
+        return bool(batch.has_grammar)
+    except AttributeError:
+        return None
+
+
 class _Recorder:
+    """Appends the header, step records and errors to the JSON-lines file, one flushed line each."""
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock = threading.Lock()
         self.timer = GrammarTimer()
         self.forward = GrammarTimer(marker="__eo_forward_timed__")
         self.clock = StepClock(self.timer, forward=self.forward)
-        self.errors: list[str] = []
+        # append: several scheduler processes (tensor parallel ranks) may share the file, each line is one write
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
+        self._line({"pid": os.getpid()})
 
-    def write(self) -> None:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"pid": os.getpid(), "steps": self.clock.steps, "errors": self.errors}, f)
-        os.replace(tmp, self.path)
+    def _line(self, obj: Any) -> None:
+        self._f.write(json.dumps(obj) + "\n")
+        self._f.flush()
+
+    def error(self, text: str) -> None:
+        self._line({"error": text})
+
+    def step(self, record: list[float]) -> None:
+        self._line(record)
 
 
 def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
-    """Wrap the scheduler's ``run_batch`` and the grammar regions (no-op without ``SGLANG_EO_STEP_TIMES_FILE``)."""
+    """Wrap the scheduler's ``run_batch`` and the grammar regions (no-op without ``SGLANG_EO_STEP_TIMES_FILE``, and
+    for a scheduler already wrapped)."""
     path = os.environ.get(STEP_TIMES_ENV)
-    if not path:
+    if not path or getattr(scheduler, _INSTALLED_ATTR, False):
         return
-    from sglang_eo_dev.cpu_runtime.stats import is_grammar_spec_decode  # here: the timing classes stay import-free
-
+    setattr(scheduler, _INSTALLED_ATTR, True)
     rec = _Recorder(path)
     regions = _REGIONS_0_5_16 if sglang_version < (0, 5, 17) else _REGIONS_0_5_23
     for module, attr, method in regions:
         err = _wrap_region(rec.timer, module, attr, method)
         if err:
-            rec.errors.append(f"grammar region not timed: {err}")
-    try:  # the plugin's stats file is instrumentation: its write is not grammar work
-        from sglang_eagle_overlap.core.step import GrammarStep
-
-        if not getattr(GrammarStep.write_stats, rec.timer._marker, False):
-            GrammarStep.write_stats = rec.timer.wrap_excluded(GrammarStep.write_stats)  # type: ignore[method-assign]
-    except ImportError:
-        pass
+            rec.error(f"grammar region not timed: {err}")
+    _exclude_region(rec.timer, *_EXCLUDED)
     err = _wrap_region(rec.forward, *_FORWARD)
     if err:
-        rec.errors.append(f"forward not timed: {err}")
+        rec.error(f"forward not timed: {err}")
 
     run_batch = scheduler.run_batch
-    # SGLANG_EO_STEP_TIMES_ALL=1: every speculative decode step counts, constrained or not (the scheduler-budget
-    # benchmark compares the two kinds in one engine); otherwise only grammar ones.
-    every_spec = os.environ.get(STEP_TIMES_ALL_ENV) == "1"
-
-    def is_step(batch: Any) -> bool:
-        if not every_spec:
-            return is_grammar_spec_decode(batch)
-        try:
-            return batch is not None and not batch.spec_algorithm.is_none() and batch.forward_mode.is_decode()
-        except AttributeError:
-            return False
 
     def timed_run_batch(batch: Any, *args: Any, **kwargs: Any) -> Any:
         with rec.lock:
             bs = len(getattr(batch, "reqs", None) or [])
-            recorded = rec.clock.launch(is_step(batch), bs)
-            if recorded:
-                rec.write()
+            kind = spec_decode_kind(batch)
+            if rec.clock.launch(kind is not None, bs, bool(kind)):
+                rec.step(rec.clock.steps[-1])
         try:
             return run_batch(batch, *args, **kwargs)
         finally:
             rec.clock.launched()
 
     scheduler.run_batch = timed_run_batch
-    rec.write()
+
+
+def _installed_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in version("sglang").split(".")[:3])
+
+
+def _after_scheduler_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    install(scheduler, _installed_version())
+    return None
+
+
+def load() -> None:
+    """SGLang plugin entry (``PROBE_ENTRY_POINT``): install the probe after ``Scheduler.__init__`` (no-op without
+    ``SGLANG_EO_STEP_TIMES_FILE``). Needs nothing of the CPU runtime, so it runs on a GPU host as well."""
+    if not os.environ.get(STEP_TIMES_ENV):
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.__init__", _after_scheduler_init, HookType.AFTER)
+
+
+def write_probe_distribution(directory: str | os.PathLike[str]) -> str:
+    """Make ``directory`` a path entry that gives SGLang's plugin loader this probe and nothing else, and return it:
+    a minimal distribution declaring :data:`PROBE_ENTRY_POINT` plus a symlink to this ``sglang_eo_dev`` package.
+    With ``directory`` first on ``sys.path`` / ``PYTHONPATH`` of the process that starts the engine, every engine
+    process finds :func:`load`, as after a ``pip install``. Only the package is linked, not the ``dev/`` folder: that
+    folder also holds the CPU stand-in of ``sgl_kernel``, which must never shadow the real one on a GPU host.
+    Call order: before the first engine start of the process (SGLang loads plugins once per process)."""
+    name, target = PROBE_ENTRY_POINT
+    os.makedirs(directory, exist_ok=True)
+    info = os.path.join(directory, "sglang_eo_step_times_probe-0.0.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w", encoding="utf-8") as f:
+        f.write("Metadata-Version: 2.1\nName: sglang-eo-step-times-probe\nVersion: 0.0\n")
+    with open(os.path.join(info, "entry_points.txt"), "w", encoding="utf-8") as f:
+        f.write(f"[sglang.srt.plugins]\n{name} = {target}\n")
+    link = os.path.join(directory, "sglang_eo_dev")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../sglang_eo_dev
+    if not os.path.islink(link):
+        os.symlink(package, link, target_is_directory=True)
+    return str(directory)
 
 
 def read_step_times(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The last records the scheduler wrote (``{"steps": [], "errors": []}`` when none yet)."""
+    """The records the scheduler wrote so far (``{"steps": [], "errors": []}`` when none yet). A last line still
+    being written is skipped."""
+    out: dict[str, Any] = {"pid": None, "steps": [], "errors": []}
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            lines = f.read().split("\n")
     except FileNotFoundError:
-        return {"steps": [], "errors": []}
+        return out
+    for line in lines:
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, list):
+            out["steps"].append(obj)
+        elif "error" in obj:
+            out["errors"].append(obj["error"])
+        elif "pid" in obj:
+            out["pid"] = obj["pid"]
+    return out
