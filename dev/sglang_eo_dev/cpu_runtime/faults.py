@@ -19,8 +19,8 @@ fault:
     fill), ``accept_token`` and ``fill_next_token_bitmask`` (the per-request walk that finds the culprit) raise;
   - ``eo-fault-matcher-slow``: ``accept_token`` sleeps :data:`SLOW_FILL_S`, so the lockstep rounds pass the deadline.
 
-How: an AROUND hook on the product plugin's ``integration.requests.mask_request_for`` (the Req -> mask input mapping, the
-only place the plugin picks a request's grammar for the mask build) swaps the mask input. The request's own grammar
+How: an AROUND hook on the product plugin's ``integration.requests.mask_request_for`` (the Req -> mask input mapping,
+the only place the plugin picks a request's grammar for the mask build) swaps the mask input. The request's own grammar
 (used by SGLang to advance over committed tokens) is untouched. Every injected call is counted in the runtime stats
 file (``faults_raised``, ``faults_slow_fills``, ``faults_matcher_raised``, ``faults_matcher_raised_in_batch_fill``,
 ``faults_matcher_slow_accepts``, ``faults_matcher_batch_fills``) so a test can assert the fault really happened, on
