@@ -10,6 +10,9 @@ import pytest
 
 from sglang_eagle_overlap.plugin import sglang_version
 
+# SGLANG_EO_REQUIRE_ENGINE=1 (scripts/test.sh): a skip outside tests/skip_guard.py's ALLOWED_SKIPS fails the run.
+pytest_plugins = ("tests.skip_guard",)
+
 try:  # CPU test venvs: let the CUDA-built torchvision wheel import against CPU torch, before any test imports SGLang
     from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 

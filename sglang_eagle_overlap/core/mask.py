@@ -105,7 +105,11 @@ def bitmask_width(vocab_size: int) -> int:
 
 
 class TreeMaskBuilder:
-    """Builds the per-node bitmask of a verify tree. One per worker; reuses its host bitmask buffer."""
+    """Builds the per-node bitmask of a verify tree. One per worker; reuses its host bitmask buffer.
+
+    ``clock`` is the time source of the time limit (monotonic seconds; ``time.perf_counter`` unless a test injects
+    one): the deadline is ``clock() + time_limit_s`` taken after one-time set-up, and checked before each round of the
+    walk. ``TreeMask.build_s`` is always measured with ``time.perf_counter``."""
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class TreeMaskBuilder:
         threads: Optional[int] = None,
         time_limit_s: Optional[float] = None,
         pin_memory: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if strategy not in ("auto", "lockstep", "native", "python"):
             raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
@@ -122,6 +127,7 @@ class TreeMaskBuilder:
         self.strategy: MaskStrategy = strategy
         self.time_limit_s = time_limit_s
         self.pin_memory = pin_memory
+        self.clock = clock
         self._batch_matcher: Optional[xgr.BatchGrammarMatcher] = None
         self._serial_matcher: Optional[xgr.BatchGrammarMatcher] = None
         # Lockstep thread policy: waking xgrammar's C++ pool costs ~0.1 ms on an idle host and up to several ms on a
@@ -212,7 +218,8 @@ class TreeMaskBuilder:
             self._ensure_batch_matchers()
         # The time limit covers the walk and its fills only: one-time set-up (the bitmask buffer's growth -- a pinned
         # allocation on a GPU host --, the fill thread pool) must never make a request drop its drafts.
-        deadline = None if limit is None else time.perf_counter() + limit
+        clock = self.clock
+        deadline = None if limit is None else clock() + limit
         native = [i for i in constrained if requests[i].matcher is not None]
         generic = [i for i in constrained if requests[i].matcher is None]
         result = TreeMask(bitmask=mask)
@@ -237,7 +244,8 @@ class TreeMaskBuilder:
                 generic = generic + native
         for i in generic:
             try:
-                valid, done = _walk_request(requests[i], nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline)
+                valid, done = _walk_request(requests[i], nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline,
+                                            clock)
             except Exception as exc:
                 _fill_all_allowed(mask[i * n : (i + 1) * n])
                 result.failed.append((i, f"{type(exc).__name__}: {exc}"))
@@ -281,12 +289,13 @@ class TreeMaskBuilder:
             if oov_any is not None and oov_any[i]:
                 # Rare: fall back to the exact walk for this request.
                 v, done = _walk_request(requests[i], nxt_t[i].tolist(), sib_t[i].tolist(),
-                                        tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline)
+                                        tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline,
+                                        self.clock)
                 valid += v
                 if not done:
                     timed_out.append(i)
                 continue
-            limit = -1.0 if deadline is None else max(deadline - time.perf_counter(), 1e-6)
+            limit = -1.0 if deadline is None else max(deadline - self.clock(), 1e-6)
             block_np = block.numpy()
             # Start from zero rows: xgrammar writes the rows of the nodes it reaches and zeroes rejected ones, so a
             # row still zero afterwards is a node that got no mask (rejected, terminating, unreached or padding).
@@ -333,7 +342,7 @@ class TreeMaskBuilder:
             fill_matchers.append(matcher)
             fill_rows.append(i * n)
         try:
-            return self._lockstep_rounds(walkers, fill, fill_matchers, fill_rows, deadline, timed_out)
+            return self._lockstep_rounds(walkers, fill, fill_matchers, fill_rows, deadline, timed_out, self.clock)
         except BaseException:
             for w in walkers:  # put every matcher back where it was; the caller rebuilds request by request
                 w.abandon()
@@ -343,7 +352,7 @@ class TreeMaskBuilder:
     def _lockstep_rounds(walkers: List[_Walker[xgr.GrammarMatcher]],
                          fill: Callable[[List[xgr.GrammarMatcher], List[int]], None],
                          fill_matchers: List[xgr.GrammarMatcher], fill_rows: List[int], deadline: Optional[float],
-                         timed_out: List[int]) -> int:
+                         timed_out: List[int], clock: Callable[[], float]) -> int:
         valid = 0
         # Round 0: every root.
         if fill_matchers:
@@ -351,7 +360,7 @@ class TreeMaskBuilder:
             valid += len(fill_matchers)
         active = walkers
         while active:
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and clock() > deadline:
                 for w in active:
                     w.abandon()
                     timed_out.append(w.batch_index)
@@ -477,7 +486,7 @@ class _GrammarAsMatcher:
 
 def _exact_walk(matcher: WalkMatcher, fill_row: Callable[[int], object], nxt: Sequence[int], sib: Sequence[int],
                 tok: Sequence[int], vocab: int, mask: torch.Tensor, base: int,
-                deadline: Optional[float]) -> Tuple[int, bool]:
+                deadline: Optional[float], clock: Callable[[], float]) -> Tuple[int, bool]:
     """One request's tree walked node by node with :class:`_Walker`, ``fill_row(row)`` filling each reached row.
 
     Same semantics as the batched paths. Returns (valid nodes, completed). On timeout, non-root rows are reset to
@@ -491,7 +500,7 @@ def _exact_walk(matcher: WalkMatcher, fill_row: Callable[[int], object], nxt: Se
     valid = 1
     try:
         while True:
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and clock() > deadline:
                 walker.abandon()
                 return valid, False
             row = walker.step()
@@ -508,17 +517,18 @@ def _exact_walk(matcher: WalkMatcher, fill_row: Callable[[int], object], nxt: Se
 
 
 def _walk_request(req: MaskRequest, nxt: Sequence[int], sib: Sequence[int], tok: Sequence[int], vocab: int,
-                  mask: torch.Tensor, base: int, deadline: Optional[float]) -> Tuple[int, bool]:
+                  mask: torch.Tensor, base: int, deadline: Optional[float],
+                  clock: Callable[[], float] = time.perf_counter) -> Tuple[int, bool]:
     """The exact walk for a request's xgrammar matcher or, failing that, its host grammar object."""
     if req.matcher is not None:
         m = req.matcher
         return _exact_walk(m, lambda row: m.fill_next_token_bitmask(mask, row), nxt, sib, tok, vocab, mask, base,
-                           deadline)
+                           deadline, clock)
     g = req.grammar
     if g is None:
         raise ValueError(f"request {req.request_id!r} has neither a matcher nor a grammar: nothing to walk")
     return _exact_walk(_GrammarAsMatcher(g), lambda row: g.fill_vocab_mask(mask, row), nxt, sib, tok, vocab, mask,
-                       base, deadline)
+                       base, deadline, clock)
 
 
 def neutralize_timed_out_drafts(draft_tokens: torch.Tensor, timed_out: Sequence[int], num_draft_tokens: int) -> None:

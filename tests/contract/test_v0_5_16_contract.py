@@ -142,28 +142,31 @@ def test_load_is_idempotent(adapter):
     assert adapter.verify() == []
 
 
-# -- behaviour of each hook on real SGLang code with stub objects ---------------------------------------------------
-class _Recorder:
-    """A grammar that records what it is fed; ``terminate_on`` terminates, ``reject`` raises like XGrammarGrammar."""
-
-    def __init__(self, terminate_on=None, reject=()):
-        self.fed = []
-        self.terminate_on = terminate_on
-        self.reject = set(reject)
-        self.finished = False
-
-    def accept_token(self, tok):
-        if tok in self.reject:
-            raise ValueError(f"token {tok} not allowed")
-        self.fed.append(tok)
-
-    def is_terminated(self):
-        return self.terminate_on is not None and self.terminate_on in self.fed
+# -- behaviour of each hook on real SGLang code: real Req, XGrammarGrammar and SchedulerBatchResultProcessor ---------
+# (the scheduler and the batch of the overlap decision stay plain namespaces: the method reads four attributes)
+VOCAB = 32000
 
 
-def _req(rid, grammar, output_ids=()):
-    return types.SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output_ids), to_finish=None,
-                                 finished=lambda: False, is_retracted=False)
+def _doc(seed=0):
+    """Token ids of a valid document of the ``nested`` schema, ending with the EOS that terminates it."""
+    import random
+
+    from sglang_eo_dev.helpers.grammars import doc_tokens
+
+    return list(doc_tokens("nested", random.Random(seed), VOCAB))
+
+
+def _req(rid, prefix=(), grammar=True):
+    """A real SGLang ``Req`` that produced ``prefix`` so far, with a real ``XGrammarGrammar`` advanced over it."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_eo_dev.helpers.grammars import sglang_grammar
+
+    req = Req(rid, "", [1, 2, 3], SamplingParams(max_new_tokens=4096))
+    req.output_ids.extend(prefix)
+    req.grammar = sglang_grammar("nested", VOCAB, list(prefix)) if grammar else None
+    return req
 
 
 def _step():
@@ -174,15 +177,22 @@ def _step():
 
 
 def _processor(algo="EAGLE3"):
-    return types.SimpleNamespace(server_args=types.SimpleNamespace(speculative_algorithm=algo))
+    """A real ``SchedulerBatchResultProcessor``; its grammar paths read only ``server_args``."""
+    import dataclasses
+
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    fields = {f.name: None for f in dataclasses.fields(SchedulerBatchResultProcessor)}
+    fields["server_args"] = types.SimpleNamespace(speculative_algorithm=algo)
+    return SchedulerBatchResultProcessor(**fields)
 
 
-def _decode_batch(algo_name, has_grammar=True):
+def _decode_batch(algo_name, has_grammar=True, reqs=()):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return types.SimpleNamespace(spec_algorithm=getattr(SpeculativeAlgorithm, algo_name), has_grammar=has_grammar,
-                                 forward_mode=ForwardMode.DECODE, reqs=[])
+                                 forward_mode=ForwardMode.DECODE, reqs=list(reqs))
 
 
 def test_is_disable_overlap_drops_only_grammar_sync(adapter):
@@ -193,7 +203,7 @@ def test_is_disable_overlap_drops_only_grammar_sync(adapter):
         result_queue = [object()]
 
     sched = _Sched()
-    batch = _decode_batch("EAGLE3")
+    batch = _decode_batch("EAGLE3", reqs=[_req("c-ov", _doc()[:3])])
     assert Scheduler.is_disable_overlap_for_batch(sched, batch, batch) is False
     assert batch.has_grammar is True  # restored
     # Not an EAGLE-family algorithm: upstream's decision stands.
@@ -206,50 +216,53 @@ def test_is_disable_overlap_drops_only_grammar_sync(adapter):
 
 
 def test_accept_grammar_tokens_advances_exactly_once(adapter):
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
     step = _step()
-
-    g = _Recorder(terminate_on=12)
-    req = _req("c-once", g, output_ids=[1, 2])
+    doc = _doc(1)
+    k = len(doc) // 2
+    req = _req("c-once", doc[:k])
     # The barrier (next verify) advanced first ...
-    step.ledger.advance("c-once", g, 2, [11, 12, 13])
-    # ... post-processing replays: nothing fed twice, tokens after termination cut.
-    out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), req, [11, 12, 13])
-    assert out == [11, 12] and g.fed == [11, 12]
-    # Without a prior barrier it advances itself.
-    g2 = _Recorder()
-    out2 = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), _req("c-own", g2), [5, 6])
-    assert out2 == [5, 6] and g2.fed == [5, 6]
+    step.ledger.advance("c-once", req.grammar, k, doc[k:k + 2])
+    assert req.grammar.accepted_tokens == doc[:k + 2]
+    # ... post-processing replays: nothing fed twice (a second feed would be rejected by the real matcher or
+    # lengthen accepted_tokens), the request goes on.
+    out = _processor()._accept_grammar_tokens(req, doc[k:k + 2])
+    assert out == doc[k:k + 2] and req.grammar.accepted_tokens == doc[:k + 2] and req.to_finish is None
+    # Without a prior barrier it advances itself; tokens drafted past the grammar's end (EOS) are cut.
+    j = len(doc) - 3
+    req2 = _req("c-own", doc[:j])
+    out2 = _processor()._accept_grammar_tokens(req2, doc[j:] + [doc[0], doc[1]])
+    assert out2 == doc[j:] and req2.grammar.accepted_tokens == doc and req2.grammar.is_terminated()
+    assert req2.to_finish is None
 
 
 def test_accept_grammar_tokens_rejection_aborts_with_message(adapter):
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 
-    req = _req("c-rej", _Recorder(reject={7}))
-    out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), req, [6, 7, 8])
-    assert out == [6]
-    assert isinstance(req.to_finish, FINISH_ABORT) and "c-rej" in req.to_finish.message and "7" in req.to_finish.message
+    doc = _doc(2)
+    k = len(doc) - 3
+    req = _req("c-rej", doc[:k])
+    out = _processor()._accept_grammar_tokens(req, [doc[k], doc[0], doc[k + 1]])  # '{' cannot follow
+    assert out == [doc[k]] and req.grammar.accepted_tokens == doc[:k + 1]
+    assert isinstance(req.to_finish, FINISH_ABORT) and "c-rej" in req.to_finish.message
+    assert str(doc[0]) in req.to_finish.message
 
 
 def test_accept_grammar_tokens_passes_through_when_not_eagle(adapter):
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
     step = _step()
-
-    g = _Recorder()
-    out = SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(algo=None), _req("c-plain", g), [3])
-    assert out == [3] and g.fed == [3] and "c-plain" not in step.ledger
+    doc = _doc(3)
+    req = _req("c-plain", doc[:2])
+    out = _processor(algo=None)._accept_grammar_tokens(req, [doc[2]])
+    assert out == [doc[2]] and req.grammar.accepted_tokens == doc[:3] and "c-plain" not in step.ledger
 
 
 def test_apply_prefill_grammar_replays_barrier(adapter):
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
     step = _step()
-
-    g = _Recorder()
-    step.ledger.advance("c-pre", g, 0, [42])  # barrier at the extend -> decode boundary
-    req = _req("c-pre", g, output_ids=[42])  # post-processing appends before accepting
-    SchedulerBatchResultProcessor._apply_prefill_grammar(_processor(), req=req, next_token_id=42)
-    assert g.fed == [42] and g.finished is False and req.to_finish is None
+    doc = _doc(4)
+    req = _req("c-pre")
+    step.ledger.advance("c-pre", req.grammar, 0, [doc[0]])  # barrier at the extend -> decode boundary
+    req.output_ids.append(doc[0])  # post-processing appends before accepting
+    _processor()._apply_prefill_grammar(req=req, next_token_id=doc[0])
+    assert req.grammar.accepted_tokens == [doc[0]] and req.grammar.finished is False and req.to_finish is None
 
 
 def test_run_eagle_verify_and_sample_pass_through_without_grammar(adapter):
@@ -303,47 +316,47 @@ def test_missing_target_refuses_and_stays_passive(tmp_path):
 def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     """result_queue holds a decode result (A, B finished, C retracted) and a prefill result (D, E still chunked)."""
     import torch
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    step = _step()
+
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
 
-    ga, gb, gc, gd, ge = (_Recorder() for _ in range(5))
-    a = _req("b-A", ga, output_ids=[1])
-    b = _req("b-B", gb, output_ids=[1])
-    b.finished = lambda: True
-    c = _req("b-C", gc, output_ids=[1])
+    step = _step()
+    doc = _doc(5)
+    a, b, c = (_req(f"b-{x}", doc[:1]) for x in "ABC")
+    b.finished_reason = FINISH_LENGTH(length=1)
     c.is_retracted = True
-    d = _req("b-D", gd)
-    d.inflight_middle_chunks = 0
-    e = _req("b-E", ge)
+    d, e = _req("b-D"), _req("b-E")
     e.inflight_middle_chunks = 1
     stride = 4
-    #  rows:            A: 10 11 _ _     B: 20 _ _ _      C: 30 31 32 _
-    ids = torch.tensor([10, 11, 0, 0, 20, 0, 0, 0, 30, 31, 32, 0])
+    #  rows:            A: doc[1:3]          B: doc[1:2]          C: doc[1:4]
+    ids = torch.tensor(doc[1:3] + [0, 0] + doc[1:2] + [0, 0, 0] + doc[1:4] + [0])
     decode = (types.SimpleNamespace(reqs=[a, b, c], forward_mode=ForwardMode.DECODE),
               types.SimpleNamespace(next_token_ids=ids, accept_lens=torch.tensor([2, 1, 3]),
                                     speculative_num_draft_tokens=stride, copy_done=None))
     prefill = (types.SimpleNamespace(reqs=[d, e], forward_mode=ForwardMode.EXTEND),
-               types.SimpleNamespace(next_token_ids=torch.tensor([40, 50]), copy_done=None))
+               types.SimpleNamespace(next_token_ids=torch.tensor([doc[0], doc[0]]), copy_done=None))
 
     class _Sched:
         result_queue = [decode, prefill]
 
     sched = _Sched()
     rt = runtime.active()
-    fed = band.advance_queued_results(rt, sched.result_queue)
-    assert fed == 3 and ga.fed == [10, 11] and gb.fed == [] and gc.fed == [] and gd.fed == [40] and ge.fed == []
-    # Post-processing of the same results replays, feeding nothing.
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 
-    assert SchedulerBatchResultProcessor._accept_grammar_tokens(_processor(), a, [10, 11]) == [10, 11]
-    d.output_ids.append(40)
-    SchedulerBatchResultProcessor._apply_prefill_grammar(_processor(), req=d, next_token_id=40)
-    assert ga.fed == [10, 11] and gd.fed == [40]
+    def fed():
+        return [g.accepted_tokens for g in (a.grammar, b.grammar, c.grammar, d.grammar, e.grammar)]
+
+    assert band.advance_queued_results(rt, sched.result_queue) == 3
+    want = [doc[:3], doc[:1], doc[:1], doc[:1], []]
+    assert fed() == want
+    # Post-processing of the same results replays, feeding nothing.
+    assert _processor()._accept_grammar_tokens(a, doc[1:3]) == doc[1:3]
+    d.output_ids.append(doc[0])
+    _processor()._apply_prefill_grammar(req=d, next_token_id=doc[0])
+    assert fed() == want and a.to_finish is None and d.to_finish is None
     # A second barrier over the same queue (e.g. two verifies before processing) feeds nothing either.
-    a.output_ids = [1]
-    d.output_ids = []
-    assert band.advance_queued_results(rt, sched.result_queue) == 0 and ga.fed == [10, 11] and gd.fed == [40]
+    del d.output_ids[:]
+    assert band.advance_queued_results(rt, sched.result_queue) == 0 and fed() == want
     for key in ("b-A", "b-D"):
         step.ledger.forget(key)

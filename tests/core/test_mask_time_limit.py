@@ -3,22 +3,43 @@
 Seen on an H200 (``../shared/notes/gpu-runtime.md``): every request hit the 50 ms mask time limit exactly once, at
 bs 1 too, so its drafts were dropped for that step. The build allocated its (pinned, on a GPU host) bitmask buffer
 and created its fill thread pool inside the timed region, and reallocated the buffer for every larger batch. Here a
-slow allocation stands in for ``cudaHostAlloc``: it must not make any request time out, and a batch that grows step
-by step must reallocate O(log rows) times, not once per new size.
+slow allocation and a slow thread-pool start stand in for ``cudaHostAlloc``: they must not make any request time
+out, and a batch that grows step by step must reallocate O(log rows) times, not once per new size.
+
+Time is an injected clock (``TreeMaskBuilder(clock=...)``) that moves only when a test moves it: the outcome never
+depends on how busy the host is.
 """
 
 from __future__ import annotations
 
 import random
-import time
 
 import torch
+import xgrammar as xgr
 
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.trees import eagle_tree, num_draft_tokens, stack_trees
 
 VOCAB = 32000
+LIMIT_S = 0.05
+
+
+class Clock:
+    """Seconds that pass only through :meth:`advance`, or by ``tick`` on every reading."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick, self.readings = 0.0, tick, 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        t = self.now
+        self.now += self.tick
+        return t
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def _batch(bs: int, seed: int = 0):
@@ -34,24 +55,61 @@ def _batch(bs: int, seed: int = 0):
     return reqs, stack_trees(trees)
 
 
-def test_slow_buffer_allocation_does_not_count_against_the_time_limit(monkeypatch):
-    real_empty = torch.empty
-    slow_s = 0.08
+def _exact(reqs, nxt, sib, tok) -> torch.Tensor:
+    return TreeMaskBuilder().build(reqs, nxt, sib, tok, VOCAB).bitmask.clone()
 
-    def slow_empty(*args, **kwargs):  # a pinned allocation on a busy driver
-        time.sleep(slow_s)
+
+def test_slow_set_up_does_not_count_against_the_time_limit(monkeypatch):
+    clock = Clock()
+    slow = {"alloc": 0, "pool": 0}
+    real_empty, real_pool = torch.empty, xgr.BatchGrammarMatcher
+
+    def slow_empty(*args, **kwargs):  # a pinned allocation on a busy driver: longer than the whole limit
+        slow["alloc"] += 1
+        clock.advance(2 * LIMIT_S)
         return real_empty(*args, **kwargs)
 
-    builder = TreeMaskBuilder(time_limit_s=0.05)
+    def slow_pool(*args, **kwargs):  # xgrammar starting its fill threads
+        slow["pool"] += 1
+        clock.advance(2 * LIMIT_S)
+        return real_pool(*args, **kwargs)
+
     reqs, (nxt, sib, tok) = _batch(4)
+    want = _exact(reqs, nxt, sib, tok)
+    builder = TreeMaskBuilder(strategy="lockstep", threads=2, time_limit_s=LIMIT_S, clock=clock)
     monkeypatch.setattr(torch, "empty", slow_empty)
-    t0 = time.perf_counter()
+    monkeypatch.setattr(xgr, "BatchGrammarMatcher", slow_pool)
     result = builder.build(reqs, nxt, sib, tok, VOCAB)
-    took = time.perf_counter() - t0
-    monkeypatch.setattr(torch, "empty", real_empty)
-    assert took >= slow_s  # the slow allocation really happened inside this build
+    monkeypatch.undo()
+    assert slow["alloc"] >= 1 and slow["pool"] >= 1, slow  # both slow set-up steps ran inside this build
     assert builder.allocations == 1
     assert result.timed_out == [] and builder.timeouts == 0
+    assert torch.equal(result.bitmask, want)
+    assert clock.readings >= 2  # the deadline was taken from the injected clock and checked against it
+
+
+def test_the_limit_is_measured_on_the_injected_clock():
+    """Each reading advances the clock by 3/5 of the limit: the deadline (first reading + limit) has passed at the
+    third reading, so every request times out after the same rounds, with its root row exact and the rest -1."""
+    reqs, (nxt, sib, tok) = _batch(3, seed=3)
+    want = _exact(reqs, nxt, sib, tok)
+    n = nxt.shape[1]
+    for strategy in ("lockstep", "python"):
+        builder = TreeMaskBuilder(strategy=strategy, time_limit_s=LIMIT_S, clock=Clock(tick=0.6 * LIMIT_S))
+        result = builder.build(reqs, nxt, sib, tok, VOCAB)
+        assert sorted(result.timed_out) == [0, 1, 2] and builder.timeouts == 3, (strategy, result.timed_out)
+        for i in range(3):
+            rows = result.bitmask[i * n : (i + 1) * n]
+            assert torch.equal(rows[0], want[i * n]), (strategy, i)
+            assert bool((rows[1:] == -1).all()), (strategy, i)
+        # A clock that never moves never expires, whatever the real time: the mask is exact.
+        frozen = TreeMaskBuilder(strategy=strategy, time_limit_s=0.0, clock=Clock())
+        result = frozen.build(reqs, nxt, sib, tok, VOCAB)
+        assert result.timed_out == [] and torch.equal(result.bitmask, want), strategy
+
+
+def test_builder_default_clock_is_perf_counter():
+    assert TreeMaskBuilder().clock is mask_mod.time.perf_counter
 
 
 def test_growing_batch_reallocates_logarithmically():

@@ -31,10 +31,18 @@ def accept_length(meta: dict[str, Any]) -> float:
 
 
 def output_ids(out: dict[str, Any]) -> list[int]:
+    """The generated token ids of one response (top level, or ``meta_info`` as some releases put them).
+
+    Raises ``AssertionError`` naming the keys that are there when neither place has them: identity checks compare
+    these lists, and two responses that both lack the field must never compare equal."""
     ids = out.get("output_ids")
     if ids is None:
-        ids = out["meta_info"].get("output_ids")
-    return list(ids) if ids is not None else []
+        meta = out.get("meta_info") or {}
+        ids = meta.get("output_ids")
+        if ids is None:
+            raise AssertionError(f"response has no output_ids (keys {sorted(out)}, meta_info keys {sorted(meta)}): "
+                                 "identity checks need them")
+    return [int(t) for t in ids]
 
 
 def schema_str(schema: dict[str, Any]) -> str:

@@ -4,10 +4,12 @@ product plugin on), on both supported SGLang versions.
 1. References: each surviving request is sent alone first (greedy; its output ids are the reference).
 2. Faults, all at once from concurrent client threads: the survivors again, next to requests aborted through
    ``/abort_request``, streaming clients that disconnect mid-stream, invalid schemas, pathological schemas (deeply
-   nested, huge enum, unsatisfiable pattern), unicode, a long output, and two injected faults
-   (:mod:`sglang_eo_dev.cpu_runtime.faults`, ``SGLANG_EO_FAULTS=1``): a grammar object that raises during the plugin's
-   tree-mask build (``eo-fault-raise`` rid) and one whose mask build exceeds ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``
-   (``eo-fault-slow`` rid).
+   nested, huge enum, unsatisfiable pattern), unicode, a long output, and four injected faults
+   (:mod:`sglang_eo_dev.cpu_runtime.faults`, ``SGLANG_EO_FAULTS=1``), a failing and a slow one on each path into the
+   plugin's tree-mask build: the generic grammar-object walk (``eo-fault-raise`` / ``eo-fault-slow`` rids) and the
+   lockstep path xgrammar requests take (``eo-fault-matcher-raise`` / ``eo-fault-matcher-slow``: the request's real
+   matcher wrapped, xgrammar's batched fill reading it); a slow build exceeds
+   ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``.
 3. Afterwards: every survivor (including the slow one) is token-identical to its reference (no accepted token lost or
    duplicated), each failing request got a clear error of its own, the scheduler was told to abort every aborted and
    every disconnected request, the injected faults are counted as having happened,
@@ -22,6 +24,7 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 import jsonschema
@@ -29,7 +32,7 @@ import pytest
 import requests
 
 from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
-from sglang_eo_dev.cpu_runtime.faults import RAISE_MARKER, SLOW_MARKER
+from sglang_eo_dev.cpu_runtime.faults import RAISE_MARKER, RAISE_MATCHER_MARKER, SLOW_MARKER, SLOW_MATCHER_MARKER
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 from sglang_eo_dev.cpu_runtime.stats import read_stats
 
@@ -38,7 +41,7 @@ from .common import output_ids, wait_idle
 pytestmark = pytest.mark.engine
 
 CFG = EngineConfig(pair="follower", spec="topk4", overlap=True, product_plugin=True)
-MASK_LIMIT_MS = 40  # the injected slow grammar sleeps 25 ms per row: the second row already exceeds it
+MASK_LIMIT_MS = 40  # the injected slow grammar / matcher sleeps 25 ms per row / accept: the second already exceeds it
 
 UNICODE_SCHEMA = {
     "type": "object",
@@ -156,6 +159,8 @@ def test_faults_leave_the_server_serving(server):
             jobs[name] = pool.submit(_post, server, dict(body, rid=f"survivor-{name}"))
         jobs["slow"] = pool.submit(_post, server, dict(SURVIVORS["json"][0], rid=f"{SLOW_MARKER}-1"))
         jobs["raise"] = pool.submit(_post, server, dict(SURVIVORS["json"][0], rid=f"{RAISE_MARKER}-1"))
+        jobs["slow_matcher"] = pool.submit(_post, server, dict(SURVIVORS["json"][0], rid=f"{SLOW_MATCHER_MARKER}-1"))
+        jobs["raise_matcher"] = pool.submit(_post, server, dict(SURVIVORS["json"][0], rid=f"{RAISE_MATCHER_MARKER}-1"))
         jobs["invalid_json"] = pool.submit(
             _post, server, _body("Broken:", json_schema='{"type": "object", "properties": {"a": {"type": "nope"}}'))
         jobs["invalid_range"] = pool.submit(
@@ -176,11 +181,13 @@ def test_faults_leave_the_server_serving(server):
         out = _ok(results[name])
         assert check(out), (name, out)
         assert output_ids(out) == output_ids(refs[name]), (name, output_ids(out), output_ids(refs[name]))
-    slow = _ok(results["slow"])  # over the time limit: only slower, never different
-    assert output_ids(slow) == output_ids(refs["json"]), (output_ids(slow), output_ids(refs["json"]))
-    err = _error_text(results["raise"])
-    assert err is not None and "mask build failed" in err.lower() and "injected grammar fault" in err.lower(), (
-        results["raise"].status_code, results["raise"].text[:500])
+    for name in ("slow", "slow_matcher"):  # over the time limit: only slower, never different
+        slow = _ok(results[name])
+        assert output_ids(slow) == output_ids(refs["json"]), (name, output_ids(slow), output_ids(refs["json"]))
+    for name, fault in (("raise", "injected grammar fault"), ("raise_matcher", "injected matcher fault")):
+        err = _error_text(results[name])
+        assert err is not None and "mask build failed" in err.lower() and fault in err.lower(), (
+            name, results[name].status_code, results[name].text[:500])
     for name in ("invalid_json", "invalid_range"):
         err = _error_text(results[name])
         assert err is not None and any(w in err.lower() for w in ("schema", "json", "grammar")), (name, err)
@@ -212,13 +219,17 @@ def test_faults_leave_the_server_serving(server):
     assert "memory leak" not in log, server.log_tail(80)
     assert stats.get("runtime_errors") == [], stats
     assert stats.get("faults_raised", 0) >= 1 and stats.get("faults_slow_fills", 0) >= 2, stats
+    # the matcher faults struck on the lockstep path: inside xgrammar's batched fill, and in the walk's accepts
+    assert stats.get("faults_matcher_raised_in_batch_fill", 0) >= 1, stats
+    assert stats.get("faults_matcher_batch_fills", 0) >= 1 and stats.get("faults_matcher_slow_accepts", 0) >= 2, stats
+    assert "lockstep tree mask build failed (InjectedGrammarFault" in Path(server.log_path).read_text(errors="replace")
     aborted = set(stats.get("abort_requests", []))  # the scheduler was told to abort each victim, the
     for i in range(2):  # disconnected streams by SGLang's own disconnect detection
         assert f"eo-abort-{i}" in aborted and f"eo-disconnect-{i}" in aborted, stats.get("abort_requests")
     plugin = read_stats(server.plugin_stats_file)
     assert plugin.get("active") is True, plugin
-    assert plugin.get("mask_failures", 0) >= 1, plugin  # the raising grammar was caught by the plugin
-    assert plugin.get("mask_timeouts", 0) >= 1, plugin  # the slow build hit the time limit
+    assert plugin.get("mask_failures", 0) >= 2, plugin  # both raising requests were caught by the plugin
+    assert plugin.get("mask_timeouts", 0) >= 2, plugin  # both slow builds hit the time limit
     assert plugin.get("ledger_resets") == 0, plugin  # the ledger never saw a gap or a conflicting run
     after = _ok(_post(server, dict(SURVIVORS["json"][0], rid="after-faults")))
     assert output_ids(after) == output_ids(refs["json"])
