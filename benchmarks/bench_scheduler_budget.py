@@ -272,9 +272,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"scheduler_budget_{result['machine']['sglang']}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
+    stem = f"scheduler_budget_{result['machine']['sglang']}"  # not Path.with_suffix: "0.5.16" has a dot
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
