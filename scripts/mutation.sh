@@ -45,6 +45,8 @@ fi
 # The package is imported from mutants/ (mutmut puts it first on sys.path and removes the repo root); the test
 # helpers come from dev/.
 export PYTHONPATH="$ROOT/dev"
+# Each mutant's worker compiles what it imports anew unless bytecode may be cached (pytest's rewritten test modules).
+unset PYTHONDONTWRITEBYTECODE
 if [[ $# -gt 0 ]]; then
   exec "$VENV/bin/mutmut" "$@"
 fi

@@ -79,3 +79,22 @@ def test_cuda_mixed_cpu_and_device_inputs():
     h = copier.start(nxt, cpu_sib, tok).resolve()
     assert h[1] is cpu_sib and torch.equal(h[0], nxt.cpu())
     assert copier.pinned_allocations == 2
+
+
+class _Event:
+    """Stands in for a device event: counts the waits."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def synchronize(self) -> None:
+        self.waits += 1
+
+
+def test_pending_tree_waits_on_its_event_once():
+    host = _tree()
+    ev = _Event()
+    pending = PendingTree(host=host, event=ev)
+    assert not pending.resolved and ev.waits == 0  # creating it waits for nothing
+    assert pending.resolve() is host and ev.waits == 1 and pending.resolved
+    assert pending.resolve() is host and ev.waits == 1  # resolved: no second wait
