@@ -54,6 +54,11 @@ def test_reset_keeps_the_grammar_identity():
     ledger.reset("r", 1)  # host rolled the matcher back one token
     ledger.advance("r", g, 1, [5])
     assert g.fed == [1, 2, 5] and ledger.consumed("r") == 2
+    # Still the same matcher after the reset: skipping positions is a gap, not a rebuilt matcher.
+    ledger.reset("r", 1)
+    with pytest.raises(LedgerGapError):
+        ledger.advance("r", g, 3, [6])
+    assert g.fed == [1, 2, 5]
 
 
 @pytest.mark.parametrize("history", [None, 1, 3])
