@@ -279,6 +279,50 @@ def test_build_mask_without_barrier_and_with_the_default_probe(clock):
     assert (step.stats.advance_s, step.stats.tree_wait_s, step.stats.unhidden_s) == (0.0, 1.5, 0.0)
 
 
+class DeviceModule:
+    """Stands in for ``torch.cuda`` as ``torch.get_device_module`` returns it for the ``meta`` device: its events
+    count records and waits."""
+
+    def __init__(self) -> None:
+        self.events: List[Any] = []
+
+    def Event(self):  # noqa: N802 -- torch's name
+        module = self
+
+        class Event:
+            waits = 0
+
+            def record(self) -> None:
+                module.events.append(self)
+
+            def synchronize(self) -> None:
+                self.waits += 1
+
+        return Event()
+
+
+def test_device_upload_is_fenced_before_the_next_build_reuses_the_buffer(clock, monkeypatch):
+    """A mask uploaded to a device (``meta`` here: a device that needs no hardware) records an event after the
+    upload; the next step waits on it before it overwrites the host buffer."""
+    module = DeviceModule()
+
+    def get_device_module(device):
+        assert torch.device(device).type == "meta", device
+        return module
+
+    monkeypatch.setattr(torch, "get_device_module", get_device_module)
+    step = GrammarStep(mask_time_limit_s=None)
+    meta = torch.device("meta")
+    matchers, nxt, sib, tok = _batch()
+    reqs = [MaskRequest(matcher=m) for m in matchers]
+    first = step.build_mask(reqs, PendingTree(host=(nxt, sib, tok)), vocab_size=VOCAB, device=meta)
+    assert first.device_mask.device.type == "meta" and first.device_mask.shape == first.tree.bitmask.shape
+    assert len(module.events) == 1 and module.events[0].waits == 0
+    second = step.build_mask(reqs, PendingTree(host=(nxt, sib, tok)), vocab_size=VOCAB, device=meta)
+    assert module.events[0].waits == 1 and len(module.events) == 2 and module.events[1].waits == 0
+    assert torch.equal(second.tree.bitmask, _reference_mask())
+
+
 def test_unconstrained_batch_has_no_device_mask(clock):
     exporter = Exporter()
     step = GrammarStep(exporter=exporter)
