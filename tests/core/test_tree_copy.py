@@ -127,7 +127,12 @@ class _Module:
 @pytest.fixture
 def fake_device(monkeypatch):
     module = _Module()
-    monkeypatch.setattr(torch, "get_device_module", lambda device: module)
+
+    def get_device_module(device):
+        assert torch.device(device) == torch.device("cuda", 0), device  # the tree's device
+        return module
+
+    monkeypatch.setattr(torch, "get_device_module", get_device_module)
     return module
 
 
