@@ -7,11 +7,14 @@ The batch is ``test_mask_failures.py``'s: three ``regex`` requests, one 5-node d
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
+from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
 from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup
 
@@ -70,6 +73,8 @@ def test_buffer_grows_to_a_power_of_two_and_is_reused():
     assert builder.allocations == 2 and again.bitmask.data_ptr() == got.bitmask.data_ptr() != ptr
     # The reused buffer is all-allowed again wherever this build wrote nothing (no row left from the last one).
     assert torch.equal(again.bitmask, _reference()[: 2 * N])
+    free_first = builder.build([MaskRequest()] + _reqs(_setup()[0][1:]), nxt, sib, tok, VOCAB)
+    assert bool((free_first.bitmask[:N] == -1).all()) and torch.equal(free_first.bitmask[N:], _reference()[N:])
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -191,3 +196,76 @@ def test_host_grammar_rejecting_on_accept_makes_an_invalid_node():
     assert [bool((rows[i] == -2).all()) for i in range(N)] == [True, False, True, False, False]
     assert [bool((rows[i] == -1).all()) for i in range(N)] == [False, True, False, True, True]
     assert got.valid_nodes == 2 and got.failed == [] and g.depth == 0
+
+
+def test_build_time_is_the_calls_own():
+    matchers, nxt, sib, tok = _setup()
+    empty = torch.zeros((0, N), dtype=torch.int64)
+    for reqs, a, b, c in (([], empty, empty, empty), ([MaskRequest()] * 3, nxt, sib, tok),
+                          (_reqs(matchers), nxt, sib, tok)):
+        t0 = time.perf_counter()
+        got = TreeMaskBuilder(threads=1).build(reqs, a, b, c, VOCAB)
+        assert 0.0 <= got.build_s <= time.perf_counter() - t0
+
+
+def test_shape_errors_name_the_tensors():
+    matchers, nxt, sib, tok = _setup()
+    reqs = _reqs(matchers)
+    with pytest.raises(ValueError, match=r"^retrieve_next_token must be \[batch=2, nodes\], got \(3, 5\)$"):
+        TreeMaskBuilder().build(reqs[:2], nxt, sib, tok, VOCAB)
+    with pytest.raises(ValueError, match=r"^retrieve_next_token must be \[batch=3, nodes\], got \(15,\)$"):
+        TreeMaskBuilder().build(reqs, nxt.reshape(-1), sib, tok, VOCAB)
+    with pytest.raises(ValueError, match=r"^verify tree tensors disagree: retrieve_next_token \(3, 5\), "
+                                         r"retrieve_next_sibling \(3, 4\), draft_tokens \(3, 5\); expected \[3, 5\] "
+                                         r"each \(draft tokens may be flat \[15\]\)$"):
+        TreeMaskBuilder().build(reqs, nxt, sib[:, :4], tok, VOCAB)
+    with pytest.raises(ValueError, match=r"draft_tokens \(14,\); expected"):
+        TreeMaskBuilder().build(reqs, nxt, sib, tok.reshape(-1)[:14], VOCAB)
+    with pytest.raises(ValueError, match=r"^unknown mask strategy 'fast'; expected one of auto, lockstep, native, "
+                                         r"python$"):
+        TreeMaskBuilder(strategy="fast")  # type: ignore[arg-type]
+
+
+class Clock:
+    """Stands in for the ``time`` module inside core/mask.py; ``tick`` seconds pass at every reading."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick = 100.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_fill_pool_creation_is_not_counted_against_the_time_limit(monkeypatch):
+    """Creating xgrammar's fill thread pool (once per builder) happens before the clock of the time limit starts."""
+    clock = Clock()
+    monkeypatch.setattr(mask_mod, "time", clock)
+    real = xgr.BatchGrammarMatcher
+
+    def slow_pool(*args, **kwargs):
+        clock.now += 1.0  # a pool start on a loaded host
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(xgr, "BatchGrammarMatcher", slow_pool)
+    matchers, nxt, sib, tok = _setup()
+    builder = TreeMaskBuilder(strategy="lockstep", threads=1, time_limit_s=0.5)
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert got.timed_out == [] and builder.timeouts == 0
+    assert torch.equal(got.bitmask, _reference())
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "python"])
+def test_time_limit_warning_gives_the_limit(strategy, monkeypatch, caplog):
+    monkeypatch.setattr(mask_mod, "time", Clock(tick=1.0))  # every reading is a second later: the limit is hit
+    matchers, nxt, sib, tok = _setup()
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=0.0123)
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert sorted(got.timed_out) == [0, 1, 2] and builder.timeouts == 3
+    warned = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert warned == [f"sglang-eagle-overlap: tree mask for request r{i} exceeded 12.3 ms; this step it accepts only "
+                      "the grammar-masked bonus token" for i in range(3)]
+    ref = _reference()
+    for i in range(3):
+        assert torch.equal(got.bitmask[i * N], ref[i * N]) and bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all())
