@@ -269,3 +269,22 @@ def test_time_limit_warning_gives_the_limit(strategy, monkeypatch, caplog):
     ref = _reference()
     for i in range(3):
         assert torch.equal(got.bitmask[i * N], ref[i * N]) and bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all())
+
+
+@pytest.mark.parametrize("strategy,limit", [("lockstep", 3.5), ("python", 1.5)])
+def test_time_limit_after_some_rows_were_built_resets_them(strategy, limit, monkeypatch):
+    """The limit is hit after some child rows were filled (a second passes per clock reading; lockstep: after its
+    first round of child fills, python: inside request 0's walk): those rows are reset to all-allowed too, only the
+    root rows stay exact, and every matcher is back at its entry state."""
+    monkeypatch.setattr(mask_mod, "time", Clock(tick=1.0))
+    matchers, nxt, sib, tok = _setup()
+    before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit)
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert sorted(got.timed_out) == [0, 1, 2]
+    assert got.valid_nodes > 3  # rows past the roots were really built before the limit hit
+    ref = _reference()
+    for i, m in enumerate(matchers):
+        assert torch.equal(got.bitmask[i * N], ref[i * N])
+        assert bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all()), i
+        assert torch.equal(G.next_token_bitmask(m, VOCAB), before[i])
