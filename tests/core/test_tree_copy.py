@@ -149,7 +149,7 @@ def test_device_tree_is_copied_into_reused_host_buffers(fake_device):
     src = _tree(seed=1)
     for h, t in zip(h1, src):
         assert type(h) is torch.Tensor and h.device.type == "cpu"  # a host buffer, not the device tensor
-        assert torch.equal(h, t.view(h.shape)) and h.shape == src[0].shape
+        assert torch.equal(h, t.view(h.shape)) and h.shape == src[0].shape and h.dtype == t.dtype
     assert copier.pinned_allocations == 3
     # Two slots alternate: step N's host tensors survive step N+1's copy.
     keep = [h.clone() for h in h1]
