@@ -1,5 +1,5 @@
-"""AcceptLedger lifecycle: bounded by ``retain`` and its history, re-anchored when the host rebuilds a request's matcher,
-and what a rejected token leaves behind."""
+"""AcceptLedger lifecycle: bounded by ``retain`` and its history, re-anchored when the host rebuilds a request's
+matcher, and what a rejected token leaves behind."""
 
 from __future__ import annotations
 

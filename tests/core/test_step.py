@@ -335,7 +335,8 @@ def test_unconstrained_batch_has_no_device_mask(clock):
 
 def test_failed_request_has_its_drafts_neutralised_and_is_counted(clock):
     matchers, nxt, sib, tok = _batch()
-    reqs = [MaskRequest(matcher=matchers[0]), MaskRequest(grammar=BrokenGrammar(matchers[1], ok_fills=0), request_id="bad"),
+    broken = BrokenGrammar(matchers[1], ok_fills=0)
+    reqs = [MaskRequest(matcher=matchers[0]), MaskRequest(grammar=broken, request_id="bad"),
             MaskRequest(matcher=matchers[2])]
     draft = tok.reshape(-1).clone()
     step = GrammarStep(mask_time_limit_s=None)
