@@ -1,10 +1,11 @@
-"""AcceptLedger lifecycle: bounded by ``retain``, and re-anchored when the host rebuilds a request's matcher."""
+"""AcceptLedger lifecycle: bounded by ``retain`` and its history, re-anchored when the host rebuilds a request's
+matcher, and what a rejected token leaves behind."""
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_eagle_overlap.core import AcceptLedger, LedgerGapError
+from sglang_eagle_overlap.core import AcceptLedger, LedgerConflictError, LedgerGapError
 
 
 class Recorder:
@@ -53,3 +54,69 @@ def test_reset_keeps_the_grammar_identity():
     ledger.reset("r", 1)  # host rolled the matcher back one token
     ledger.advance("r", g, 1, [5])
     assert g.fed == [1, 2, 5] and ledger.consumed("r") == 2
+    # Still the same matcher after the reset: skipping positions is a gap, not a rebuilt matcher.
+    ledger.reset("r", 1)
+    with pytest.raises(LedgerGapError):
+        ledger.advance("r", g, 3, [6])
+    assert g.fed == [1, 2, 5]
+
+
+@pytest.mark.parametrize("history", [None, 1, 3])
+def test_history_keeps_the_latest_runs_only(history):
+    """Outcomes are remembered for the last ``history`` runs of a request (8 by default); older replays conflict."""
+    ledger = AcceptLedger() if history is None else AcceptLedger(history=history)
+    keep = 8 if history is None else history
+    g = Recorder()
+    for start in range(keep + 2):
+        ledger.advance("r", g, start, [start + 100])
+    remembered = [s for s in range(keep + 2) if ledger.outcome("r", s) is not None]
+    assert remembered == list(range(2, keep + 2))
+    assert ledger.outcome("r", keep + 1).retained == (keep + 101,)
+    assert ledger.advance("r", g, keep + 1, [keep + 101]).start == keep + 1  # a remembered replay
+    assert len(g.fed) == keep + 2  # ... fed nothing
+    with pytest.raises(LedgerConflictError, match="no outcome is remembered"):
+        ledger.advance("r", g, 1, [101])
+
+
+def test_outcome_and_consumed_of_unknown_requests():
+    ledger = AcceptLedger()
+    assert ledger.consumed("nobody") is None and ledger.outcome("nobody", 0) is None
+    ledger.advance("r", Recorder(), 3, [1])
+    assert ledger.outcome("r", 0) is None and ledger.outcome("r", 3).tokens == (1,)
+    assert ledger.retain(["r", "other"]) == 0 and len(ledger) == 1
+
+
+def test_reset_of_an_unknown_request_anchors_it():
+    ledger = AcceptLedger()
+    ledger.reset("new", 4)
+    assert ledger.consumed("new") == 4 and "new" in ledger
+    g = Recorder()
+    # First sight of its grammar object: re-anchored at the asked position (the host's), not a gap.
+    assert ledger.advance("new", g, 6, [1]).retained == (1,) and ledger.consumed("new") == 7
+
+
+class Rejecting(Recorder):
+    """Rejects ``bad`` by returning False (a bare xgrammar matcher) or raising ValueError (SGLang's grammar)."""
+
+    def __init__(self, bad: int, raises: bool) -> None:
+        super().__init__()
+        self.bad, self.raises = bad, raises
+
+    def accept_token(self, token: int) -> bool:
+        if token == self.bad:
+            if self.raises:
+                raise ValueError("no such transition")
+            return False
+        return super().accept_token(token)
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_rejection_stops_the_run_and_names_token_and_position(raises):
+    ledger = AcceptLedger()
+    g = Rejecting(bad=7, raises=raises)
+    ledger.advance("r", g, 0, [1, 2])
+    out = ledger.advance("r", g, 2, [3, 7, 4])
+    assert out.retained == (3,) and not out.terminated and g.fed == [1, 2, 3]
+    expected = "grammar rejected token 7 at output position 3"
+    assert out.error == (expected + ": no such transition" if raises else expected)
+    assert ledger.consumed("r") == 3 and ledger.tokens_fed == 3

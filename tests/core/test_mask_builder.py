@@ -1,0 +1,290 @@
+"""TreeMaskBuilder's contract around the mask itself: the strategy it picks, its host buffer (reused, regrown for a
+new vocabulary, or the caller's own ``out``), what it logs, and how a broken grammar or walk is accounted for.
+
+The batch is ``test_mask_failures.py``'s: three ``regex`` requests, one 5-node draft tree each.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+import xgrammar as xgr
+
+from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
+from sglang_eagle_overlap.core import mask as mask_mod
+from sglang_eo_dev.helpers import grammars as G
+from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup
+
+STRATEGIES = ["lockstep", "native", "python"]
+
+
+def _reqs(matchers):
+    return [MaskRequest(matcher=m, request_id=f"r{i}") for i, m in enumerate(matchers)]
+
+
+def _reference() -> torch.Tensor:
+    matchers, nxt, sib, tok = _setup()
+    return TreeMaskBuilder(strategy="lockstep", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB).bitmask.clone()
+
+
+def test_auto_strategy_is_lockstep():
+    assert TreeMaskBuilder().strategy == "lockstep"
+    assert TreeMaskBuilder(strategy="auto").strategy == "lockstep"
+    assert TreeMaskBuilder(strategy="native").strategy == "native"
+
+
+def test_empty_batch_builds_nothing():
+    empty = torch.zeros((0, N), dtype=torch.int64)
+    got = TreeMaskBuilder().build([], empty, empty, empty, VOCAB)
+    assert got.bitmask is None and got.timed_out == [] and got.failed == [] and got.valid_nodes == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_one_builder_follows_the_vocabulary_width(strategy):
+    """The reused host buffer is regrown when the row width changes (another model's vocabulary)."""
+    builder = TreeMaskBuilder(strategy=strategy, threads=1)
+    for vocab in (32000, 128000, 32000):
+        matchers = [G.matcher("nested", vocab) for _ in range(2)]
+        nxt = torch.tensor([[1, -1], [1, -1]])
+        sib = torch.full((2, 2), -1)
+        tok = torch.tensor([[0, 90], [0, 5]])
+        got = builder.build(_reqs(matchers), nxt, sib, tok, vocab)
+        assert tuple(got.bitmask.shape) == (4, bitmask_width(vocab))
+        fresh = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, vocab)
+        assert torch.equal(got.bitmask, fresh.bitmask)
+        assert torch.equal(got.bitmask[0], G.next_token_bitmask(matchers[0], vocab)[0])
+    assert builder.allocations == 3
+
+
+def test_buffer_grows_to_a_power_of_two_and_is_reused():
+    builder = TreeMaskBuilder(threads=1)
+    matchers, nxt, sib, tok = _setup()
+    first = builder.build(_reqs(matchers[:1]), nxt[:1], sib[:1], tok[:1], VOCAB).bitmask  # 5 rows -> 8
+    ptr = first.data_ptr()
+    builder.build(_reqs(matchers[:1]), nxt[:1], sib[:1], tok[:1], VOCAB)
+    assert builder.allocations == 1
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)  # 15 rows -> 16
+    assert builder.allocations == 2 and got.bitmask.shape[0] == 3 * N
+    assert torch.equal(got.bitmask, _reference())
+    again = builder.build(_reqs(matchers[:2]), nxt[:2], sib[:2], tok[:2], VOCAB)  # 10 rows fit in 16
+    assert builder.allocations == 2 and again.bitmask.data_ptr() == got.bitmask.data_ptr() != ptr
+    # The reused buffer is all-allowed again wherever this build wrote nothing (no row left from the last one).
+    assert torch.equal(again.bitmask, _reference()[: 2 * N])
+    free_first = builder.build([MaskRequest()] + _reqs(_setup()[0][1:]), nxt, sib, tok, VOCAB)
+    assert bool((free_first.bitmask[:N] == -1).all()) and torch.equal(free_first.bitmask[N:], _reference()[N:])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_caller_buffer_receives_the_mask(strategy):
+    matchers, nxt, sib, tok = _setup()
+    out = torch.zeros((3 * N + 2, bitmask_width(VOCAB)), dtype=torch.int32)
+    got = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB, out=out)
+    assert got.bitmask.data_ptr() == out.data_ptr() and got.bitmask.shape[0] == 3 * N
+    assert torch.equal(out[: 3 * N], _reference())
+    assert bool((out[3 * N :] == 0).all())  # rows past the batch are not the builder's
+    exact = torch.zeros((3 * N, bitmask_width(VOCAB)), dtype=torch.int32)  # exactly the rows needed is enough
+    TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(_setup()[0]), nxt, sib, tok, VOCAB, out=exact)
+    assert torch.equal(exact, _reference())
+
+
+@pytest.mark.parametrize("shape,dtype", [
+    ((3 * N - 1, 1000), torch.int32),  # too few rows
+    ((3 * N, 999), torch.int32),  # wrong width
+    ((3 * N, 1001), torch.int32),
+    ((3 * N, 1000), torch.int64),  # wrong dtype
+])
+def test_caller_buffer_is_checked(shape, dtype):
+    matchers, nxt, sib, tok = _setup()
+    with pytest.raises(ValueError, match=r"out must be int32 \[>= 15, 1000\]"):
+        TreeMaskBuilder().build(_reqs(matchers), nxt, sib, tok, VOCAB, out=torch.zeros(shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "python"])  # their walks check the limit between nodes
+def test_time_limit_is_logged_with_the_request(strategy, caplog):
+    matchers, nxt, sib, tok = _setup()
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=1e-9)
+    reqs = _reqs(matchers)
+    reqs[1].request_id = ""  # a request without an id is named by its row
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = builder.build(reqs, nxt, sib, tok, VOCAB)
+    assert got.timed_out, "a 1 ns limit cannot be met"
+    warned = [r.getMessage() for r in caplog.records if "exceeded" in r.getMessage()]
+    assert len(warned) == len(got.timed_out)
+    for i in got.timed_out:
+        name = f"row {i}" if i == 1 else f"r{i}"
+        assert any(f"tree mask for request {name} exceeded 0.0 ms" in w for w in warned), warned
+    assert all("accepts only the grammar-masked bonus token" in w for w in warned)
+
+
+def test_without_time_limit_nothing_times_out():
+    matchers, nxt, sib, tok = _setup()
+    builder = TreeMaskBuilder(threads=1, time_limit_s=1e-9)
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB, allow_timeout=False)
+    assert got.timed_out == [] and builder.timeouts == 0 and torch.equal(got.bitmask, _reference())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_failure_is_logged_with_the_request_and_counted_once(strategy, caplog):
+    matchers, nxt, sib, tok = _setup()
+    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    reqs = _reqs(matchers)
+    reqs[1] = MaskRequest(grammar=BrokenGrammar(matchers[1], ok_fills=0), request_id="bad-1")
+    with caplog.at_level(logging.ERROR, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+    assert got.failed == [(1, "RuntimeError: boom: broken grammar backend")]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["sglang-eagle-overlap: grammar of request bad-1 raised during the tree mask build: "
+                      "RuntimeError: boom: broken grammar backend"]
+    # The failed request's rows are not counted as built.
+    assert got.valid_nodes == clean.valid_nodes - _valid_rows(clean.bitmask[N : 2 * N])
+
+
+def _valid_rows(rows: torch.Tensor) -> int:
+    return int((~(rows == -1).all(dim=1)).sum())
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "native"])
+def test_batched_walk_broken_by_one_matcher_is_redone_exactly(strategy, caplog):
+    """After the batched walk failed, the per-request rebuild starts from scratch: no row, valid-node count or
+    time-limit report of the failed batched attempt survives."""
+    matchers, nxt, sib, tok = _setup()
+    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    reqs = _reqs(matchers)
+    reqs[1] = MaskRequest(matcher=NotAMatcher(), request_id="corrupt")
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+    assert [i for i, _ in got.failed] == [1] and got.timed_out == []
+    assert got.valid_nodes == clean.valid_nodes - _valid_rows(clean.bitmask[N : 2 * N])
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(f"sglang-eagle-overlap: {strategy} tree mask build failed (")
+    assert warned[0].endswith("); rebuilding request by request")
+
+
+class RejectingOnAccept:
+    """A host grammar whose mask allows every token but whose ``accept_token`` raises ``ValueError`` for ``bad``
+    (SGLang's grammar objects raise on a rejected token)."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad, self.depth = bad, 0
+
+    def accept_token(self, token: int) -> None:
+        if token == self.bad:
+            raise ValueError(f"token {token} rejected")
+        self.depth += 1
+
+    def rollback(self, k: int) -> None:
+        self.depth -= k
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def fill_vocab_mask(self, vocab_mask, idx: int) -> None:
+        vocab_mask[idx] = -2  # every token but 0 and 32: a filled row, distinguishable from an all-allowed one
+
+
+def test_host_grammar_rejecting_on_accept_makes_an_invalid_node():
+    """Tree 0 - 1 - 3 / 1 - 4 / 0 - 2 with node 1's token rejected: nodes 1, 3 and 4 stay -1, node 2 is filled."""
+    g = RejectingOnAccept(bad=11)
+    nxt = torch.tensor([[1, 3, -1, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1, 4, -1]])
+    tok = torch.tensor([[0, 11, 12, 13, 14]])
+    got = TreeMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
+    rows = got.bitmask
+    assert [bool((rows[i] == -2).all()) for i in range(N)] == [True, False, True, False, False]
+    assert [bool((rows[i] == -1).all()) for i in range(N)] == [False, True, False, True, True]
+    assert got.valid_nodes == 2 and got.failed == [] and g.depth == 0
+
+
+def test_build_time_is_the_calls_own():
+    matchers, nxt, sib, tok = _setup()
+    empty = torch.zeros((0, N), dtype=torch.int64)
+    for reqs, a, b, c in (([], empty, empty, empty), ([MaskRequest()] * 3, nxt, sib, tok),
+                          (_reqs(matchers), nxt, sib, tok)):
+        t0 = time.perf_counter()
+        got = TreeMaskBuilder(threads=1).build(reqs, a, b, c, VOCAB)
+        assert 0.0 <= got.build_s <= time.perf_counter() - t0
+
+
+def test_shape_errors_name_the_tensors():
+    matchers, nxt, sib, tok = _setup()
+    reqs = _reqs(matchers)
+    with pytest.raises(ValueError, match=r"^retrieve_next_token must be \[batch=2, nodes\], got \(3, 5\)$"):
+        TreeMaskBuilder().build(reqs[:2], nxt, sib, tok, VOCAB)
+    with pytest.raises(ValueError, match=r"^retrieve_next_token must be \[batch=3, nodes\], got \(15,\)$"):
+        TreeMaskBuilder().build(reqs, nxt.reshape(-1), sib, tok, VOCAB)
+    with pytest.raises(ValueError, match=r"^verify tree tensors disagree: retrieve_next_token \(3, 5\), "
+                                         r"retrieve_next_sibling \(3, 4\), draft_tokens \(3, 5\); expected \[3, 5\] "
+                                         r"each \(draft tokens may be flat \[15\]\)$"):
+        TreeMaskBuilder().build(reqs, nxt, sib[:, :4], tok, VOCAB)
+    with pytest.raises(ValueError, match=r"draft_tokens \(14,\); expected"):
+        TreeMaskBuilder().build(reqs, nxt, sib, tok.reshape(-1)[:14], VOCAB)
+    with pytest.raises(ValueError, match=r"^unknown mask strategy 'fast'; expected one of auto, lockstep, native, "
+                                         r"python$"):
+        TreeMaskBuilder(strategy="fast")  # type: ignore[arg-type]
+
+
+class Clock:
+    """Stands in for the ``time`` module inside core/mask.py; ``tick`` seconds pass at every reading."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick = 100.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_fill_pool_creation_is_not_counted_against_the_time_limit(monkeypatch):
+    """Creating xgrammar's fill thread pool (once per builder) happens before the clock of the time limit starts."""
+    clock = Clock()
+    monkeypatch.setattr(mask_mod, "time", clock)
+    real = xgr.BatchGrammarMatcher
+
+    def slow_pool(*args, **kwargs):
+        clock.now += 1.0  # a pool start on a loaded host
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(xgr, "BatchGrammarMatcher", slow_pool)
+    matchers, nxt, sib, tok = _setup()
+    builder = TreeMaskBuilder(strategy="lockstep", threads=1, time_limit_s=0.5)
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert got.timed_out == [] and builder.timeouts == 0
+    assert torch.equal(got.bitmask, _reference())
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "python"])
+def test_time_limit_warning_gives_the_limit(strategy, monkeypatch, caplog):
+    monkeypatch.setattr(mask_mod, "time", Clock(tick=1.0))  # every reading is a second later: the limit is hit
+    matchers, nxt, sib, tok = _setup()
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=0.0123)
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert sorted(got.timed_out) == [0, 1, 2] and builder.timeouts == 3
+    warned = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert warned == [f"sglang-eagle-overlap: tree mask for request r{i} exceeded 12.3 ms; this step it accepts only "
+                      "the grammar-masked bonus token" for i in range(3)]
+    ref = _reference()
+    for i in range(3):
+        assert torch.equal(got.bitmask[i * N], ref[i * N]) and bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all())
+
+
+@pytest.mark.parametrize("strategy,limit", [("lockstep", 3.5), ("python", 1.5)])
+def test_time_limit_after_some_rows_were_built_resets_them(strategy, limit, monkeypatch):
+    """The limit is hit after some child rows were filled (a second passes per clock reading; lockstep: after its
+    first round of child fills, python: inside request 0's walk): those rows are reset to all-allowed too, only the
+    root rows stay exact, and every matcher is back at its entry state."""
+    monkeypatch.setattr(mask_mod, "time", Clock(tick=1.0))
+    matchers, nxt, sib, tok = _setup()
+    before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit)
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert sorted(got.timed_out) == [0, 1, 2]
+    assert got.valid_nodes > 3  # rows past the roots were really built before the limit hit
+    ref = _reference()
+    for i, m in enumerate(matchers):
+        assert torch.equal(got.bitmask[i * N], ref[i * N])
+        assert bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all()), i
+        assert torch.equal(G.next_token_bitmask(m, VOCAB), before[i])
