@@ -36,7 +36,7 @@ from sglang_eagle_overlap.core.ledger import (
     LedgerGapError,
 )
 from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
-from sglang_eagle_overlap.core.stats import StepStats
+from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
 
@@ -97,6 +97,7 @@ class GrammarStep:
         self.exporter = exporter if exporter is not None else _Inert()
         self.timeline = timeline if timeline is not None else Timeline(None)
         self.stats_file = stats_file
+        self._stats_path: Optional[str] = None  # stats_file made rank-aware, fixed once the process group is known
         self.log_interval_s = log_interval_s
         self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
         self._upload_event: Any = None  # fence: the builder's host buffer is reused by the next build
@@ -219,6 +220,8 @@ class GrammarStep:
             "pinned_allocations": self.copier.pinned_allocations,
             "pid": os.getpid(),
         }
+        rank = distributed_rank()
+        d["rank"], d["world_size"] = rank if rank is not None else (None, None)
         d.update(s.counters)
         if self._state is not None:
             d.update(self._state())
@@ -241,8 +244,21 @@ class GrammarStep:
             )
         self.write_stats()
 
+    def stats_path(self) -> Optional[str]:
+        """Where :meth:`write_stats` writes: ``stats_file``, suffixed with the process's rank when it is one of
+        several ranks of a ``torch.distributed`` group (TP > 1: ``stats.json`` -> ``stats.rank<r>.json`` for every
+        rank, see :func:`~sglang_eagle_overlap.core.stats.rank_stats_path`). Fixed at the first call that finds the
+        group initialised; before that (or without torch.distributed) ``stats_file`` itself."""
+        if not self.stats_file or self._stats_path is not None:
+            return self._stats_path or self.stats_file
+        rank = distributed_rank()
+        if rank is None:
+            return self.stats_file
+        self._stats_path = rank_stats_path(self.stats_file, *rank)
+        return self._stats_path
+
     def write_stats(self) -> None:
-        path = self.stats_file
+        path = self.stats_path()
         if not path:
             return
         tmp = f"{path}.{os.getpid()}.tmp"
