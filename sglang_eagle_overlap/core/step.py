@@ -16,7 +16,9 @@ Call order of one verify step (the host's scheduler thread)::
 
 Invariants: a run of accepted tokens reaches ``grammar.accept_token`` exactly once per (request id, output position),
 whichever of 2 and 4 asks first; the host bitmask buffer is reused only after the previous upload left it; every
-request whose rows are not exact this step (time limit, failed build) has its drafts neutralised before sampling.
+request whose rows are not exact this step (time limit, failed build) has its drafts neutralised before sampling; a
+process that is one rank of several (tensor parallelism) builds without the time limit, so that every rank's mask
+is the same function of the same grammar states.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class GrammarStep:
         self._stats_path: Optional[str] = None  # stats_file made rank-aware, fixed once the process group is known
         self.log_interval_s = log_interval_s
         self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
+        self._time_limit_ok: Optional[bool] = None  # see _may_time_out
         self._upload_event: Any = None  # fence: the builder's host buffer is reused by the next build
         self._last_log = float("-inf")
 
@@ -176,7 +179,7 @@ class GrammarStep:
             self._upload_event = None
         bs, n = nxt.shape[0], nxt.shape[-1]
         result = self.builder.build(requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
-                                    vocab_size, allow_timeout=draft_device is not None)
+                                    vocab_size, allow_timeout=draft_device is not None and self._may_time_out())
         t_built = time.perf_counter()
         device_mask = None
         if result.bitmask is not None:
@@ -203,6 +206,21 @@ class GrammarStep:
             tl.point("sample", t3, bs)
         self.report()
         return StepMask(device_mask, result)
+
+    def _may_time_out(self) -> bool:
+        """Whether this process may apply the mask time limit: not when it is one of several ranks of a
+        ``torch.distributed`` group (TP > 1). The limit is wall-clock time, so two ranks building the same mask could
+        disagree on which requests keep their drafts, accept different tokens and silently diverge (the next
+        collectives then mix different sequences); without it every rank builds the same exact mask, the ranks stay
+        in step and a slow grammar costs time only, as in stock SGLang. Decided once, at the first verify step
+        (the process group exists by then), and logged once."""
+        if self._time_limit_ok is None:
+            rank = distributed_rank()
+            self._time_limit_ok = rank is None or rank[1] <= 1
+            if not self._time_limit_ok and self._limit_s:
+                logger.info("sglang-eagle-overlap: mask time limit off in this process (rank %d of %d): tensor-"
+                            "parallel ranks must build identical masks", *rank)
+        return self._time_limit_ok
 
     # -- reporting -----------------------------------------------------------------------------------------------
     def snapshot(self) -> Dict[str, Any]:
