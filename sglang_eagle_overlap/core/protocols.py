@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceEvent", "ForwardProbe", "StatValue", "StepExporter", "WalkMatcher"]
 
-StatValue = Union[int, float, str, bool]
+StatValue = Union[int, float, str, bool, None]
 
 
 class ForwardProbe(Protocol):

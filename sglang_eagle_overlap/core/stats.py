@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
-__all__ = ["COUNTERS", "StepStats"]
+__all__ = ["COUNTERS", "StepStats", "distributed_rank", "rank_stats_path"]
 
 # Event counters every integration reports under these names (patched SGLang and hooks alike).
 COUNTERS = (
@@ -82,3 +84,26 @@ class StepStats:
             "join_wait_ms": self.join_wait_s / n * 1e3,
             "helper_gil_ms": self.helper_gil_s / n * 1e3,
         }
+
+
+def rank_stats_path(path: str, rank: int, world_size: int) -> str:
+    """The stats file one process of a ``world_size``-process group writes: ``path`` itself when it is alone, else
+    ``<stem>.rank<rank><ext>`` (``stats.json`` -> ``stats.rank1.json``), so that the TP ranks of one server, each a
+    scheduler process with its own grammar step, do not overwrite each other's file."""
+    if world_size <= 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.rank{rank}{ext}"
+
+
+def distributed_rank() -> Optional[Tuple[int, int]]:
+    """``(rank, world_size)`` of this process's initialised ``torch.distributed`` group, else None.
+
+    Never imports torch (a process that has not imported it has no group); SGLang initialises the group of its TP
+    (x PP) ranks in every scheduler process before the first verify step. Data-parallel replicas without DP
+    attention each have a group of their own, so their ranks repeat across replicas."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()

@@ -28,7 +28,9 @@ raised) completes before the next one starts (its error, if any, is dropped with
 
 Invariants: a run of accepted tokens reaches ``grammar.accept_token`` exactly once per (request id, output position),
 whichever of 2 and 4 asks first; the host bitmask buffer is reused only after the previous upload left it; every
-request whose rows are not exact this step (time limit, failed build) has its drafts neutralised before sampling.
+request whose rows are not exact this step (time limit, failed build) has its drafts neutralised before sampling; a
+process that is one rank of several (tensor parallelism) builds without the time limit, so that every rank's mask
+is the same function of the same grammar states.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from sglang_eagle_overlap.core.ledger import (
 )
 from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
-from sglang_eagle_overlap.core.stats import StepStats
+from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
 
@@ -139,8 +141,10 @@ class GrammarStep:
         self.exporter: StepExporter = exporter if exporter is not None else _Inert()
         self.timeline = timeline if timeline is not None else Timeline(None)
         self.stats_file = stats_file
+        self._stats_path: Optional[str] = None  # stats_file made rank-aware, fixed once the process group is known
         self.log_interval_s = log_interval_s
         self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
+        self._time_limit_ok: Optional[bool] = None  # see _may_time_out
         self._upload_event: Optional[DeviceEvent] = None  # fence: the builder's host buffer is reused by the next build
         self._last_log = float("-inf")
         # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
@@ -224,7 +228,7 @@ class GrammarStep:
         time limit (callers that cannot neutralise drafts)."""
         t0 = time.perf_counter()
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
-                      allow_timeout=allow_timeout)
+                      allow_timeout=allow_timeout and self._may_time_out())
         if self.grammar_thread:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-eo-grammar")
@@ -298,7 +302,7 @@ class GrammarStep:
         ``barrier()`` -> tree wait -> build -> upload -> neutralise. ``draft_device`` None means the caller cannot
         neutralise, so the build runs without a time limit."""
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
-                      allow_timeout=draft_device is not None)
+                      allow_timeout=draft_device is not None and self._may_time_out())
         return self.finish_build(job, device=device, draft_device=draft_device)
 
     def _run(self, job: MaskJob, on_helper: bool) -> TreeMask:
@@ -333,6 +337,21 @@ class GrammarStep:
             self._executor.shutdown(wait=True)
             self._executor = None
 
+    def _may_time_out(self) -> bool:
+        """Whether this process may apply the mask time limit: not when it is one of several ranks of a
+        ``torch.distributed`` group (TP > 1). The limit is wall-clock time, so two ranks building the same mask could
+        disagree on which requests keep their drafts, accept different tokens and silently diverge (the next
+        collectives then mix different sequences); without it every rank builds the same exact mask, the ranks stay
+        in step and a slow grammar costs time only, as in stock SGLang. Decided once, at the first verify step
+        (the process group exists by then), and logged once."""
+        if self._time_limit_ok is None:
+            rank = distributed_rank()
+            self._time_limit_ok = rank is None or rank[1] <= 1
+            if rank is not None and not self._time_limit_ok and self._limit_s:
+                logger.info("sglang-eagle-overlap: mask time limit off in this process (rank %d of %d): tensor-"
+                            "parallel ranks must build identical masks", rank[0], rank[1])
+        return self._time_limit_ok
+
     # -- reporting -----------------------------------------------------------------------------------------------
     def snapshot(self) -> Dict[str, StatValue]:
         s = self.stats
@@ -353,6 +372,8 @@ class GrammarStep:
             "pinned_allocations": self.copier.pinned_allocations,
             "pid": os.getpid(),
         }
+        rank = distributed_rank()
+        d["rank"], d["world_size"] = rank if rank is not None else (None, None)
         d.update(s.counters)
         if self._state is not None:
             d.update(self._state())
@@ -377,8 +398,21 @@ class GrammarStep:
             )
         self.write_stats()
 
+    def stats_path(self) -> Optional[str]:
+        """Where :meth:`write_stats` writes: ``stats_file``, suffixed with the process's rank when it is one of
+        several ranks of a ``torch.distributed`` group (TP > 1: ``stats.json`` -> ``stats.rank<r>.json`` for every
+        rank, see :func:`~sglang_eagle_overlap.core.stats.rank_stats_path`). Fixed at the first call that finds the
+        group initialised; before that (or without torch.distributed) ``stats_file`` itself."""
+        if not self.stats_file or self._stats_path is not None:
+            return self._stats_path or self.stats_file
+        rank = distributed_rank()
+        if rank is None:
+            return self.stats_file
+        self._stats_path = rank_stats_path(self.stats_file, *rank)
+        return self._stats_path
+
     def write_stats(self) -> None:
-        path = self.stats_file
+        path = self.stats_path()
         if not path:
             return
         tmp = f"{path}.{os.getpid()}.tmp"

@@ -28,6 +28,7 @@ MODULE_ORDER = (
     "test_spec_equivalence",
     "test_grammar_follower",
     "test_plugin_equivalence",
+    "test_tp",  # issue #21: TP 2 engines; reuses test_plugin_equivalence's TP 1 baseline from the pool
     # issue #14: these four share one engine per configuration through algo_runs (results cached in the pool)
     "test_algorithms",
     "test_reasoning_grammar",

@@ -10,6 +10,8 @@ Speculative algorithm (``EngineConfig.algorithm``): ``EAGLE3`` with the ``random
 pairs; ``EAGLE`` (EAGLE-2 draft), ``STANDALONE`` (small Llama draft), ``NGRAM`` (no draft) with the ``think-follower``
 Llama target; ``NEXTN`` with ``think-follower-mtp`` (a MiMo target whose MTP layer is the draft, draft path = target
 path). ``reasoning_parser`` passes ``--reasoning-parser`` (the think-follower tokenizer has ``</think>``).
+``tp_size`` > 1 runs tensor parallelism: one scheduler process per rank, gloo collectives (no AMX: SGLang's
+shared-memory all-reduce kernel is not used), one CPU-runtime / plugin stats file per rank (``<stem>.rank<r><ext>``).
 
 Environment every SGLang process needs (also the spawned scheduler): ``SGLANG_USE_CPU_ENGINE=1``,
 ``SGLANG_EO_CPU_RUNTIME=1`` (activates the test plugin), ``PYTHONPATH`` with ``_site/`` (torchvision shim at
@@ -39,6 +41,7 @@ __all__ = [
     "EngineConfig",
     "NGRAM_ARGS",
     "SPEC_VARIANTS",
+    "THREADS_BIND_ENV",
     "apply_cpu_env",
     "cpu_env",
     "engine_kwargs",
@@ -49,6 +52,7 @@ __all__ = [
     "server_cli_args",
     "ServerProcess",
     "start_engine",
+    "threads_bind",
 ]
 
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
@@ -76,6 +80,7 @@ class EngineConfig:
     product_plugin: bool = False  # False sets SGLANG_EAGLE_OVERLAP=0 (the product plugin honours it)
     vocab_size: int = 4096
     max_running_requests: int = 8
+    tp_size: int = 1  # > 1: one scheduler process per TP rank, collectives over gloo (see cpu_env)
     extra: tuple[tuple[str, Any], ...] = ()  # further sglang.Engine keyword arguments
 
     def describe(self) -> str:
@@ -84,6 +89,7 @@ class EngineConfig:
             f"{self.pair}-{spec}-{'overlap' if self.overlap else 'sync'}"
             f"-{'product' if self.product_plugin else 'stock'}"
             + (f"-reasoning-{self.reasoning_parser}" if self.reasoning_parser else "")
+            + (f"-tp{self.tp_size}" if self.tp_size > 1 else "")
         )
 
 
@@ -126,8 +132,23 @@ def _think_pair(cfg: EngineConfig) -> models.ModelPair:
     return models.ModelPair(target, draft, m.vocab_size, m.eos_token_id, m.chain)
 
 
-def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> dict[str, str]:
-    """The environment variables (to add to ``os.environ``) an SGLang CPU test process needs."""
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND`` for ``ranks`` scheduler processes: rank r on core ``r % cores``.
+
+    SGLang's CPU backend asks for one NUMA node per rank unless this variable lists a core set per rank
+    (``numa_utils.init_threads_binding``; this machine has one node). Without AMX SGLang then binds nothing
+    (``init_cpu_threads_env`` is AMX/arm64-only) and all-reduces over gloo instead of its shared-memory kernel, so the
+    value only has to have one entry per rank."""
+    cores = cores or os.cpu_count() or 1
+    return "|".join(str(r % cores) for r in range(ranks))
+
+
+def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1) -> dict[str, str]:
+    """The environment variables (to add to ``os.environ``) an SGLang CPU test process needs; ``ranks`` > 1 (TP)
+    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`)."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if SITE_DIR not in paths:
         paths.insert(0, SITE_DIR)
@@ -141,15 +162,19 @@ def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> d
     }
     if stats_file:
         env[STATS_ENV] = str(stats_file)
+    if ranks > 1:
+        env[THREADS_BIND_ENV] = threads_bind(ranks)
     return env
 
 
-def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False) -> None:
-    """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it) and make the torchvision
-    shim active in this process."""
-    os.environ.update(cpu_env(stats_file, product_plugin))
+def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1) -> None:
+    """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it), drop what an earlier
+    configuration set and this one does not, and make the torchvision shim active in this process."""
+    os.environ.update(cpu_env(stats_file, product_plugin, ranks))
     if not stats_file:
         os.environ.pop(STATS_ENV, None)
+    if ranks <= 1:
+        os.environ.pop(THREADS_BIND_ENV, None)
     from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
     install_import_hook()
@@ -182,6 +207,8 @@ def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) ->
                   **SPEC_VARIANTS[cfg.spec])
     if cfg.reasoning_parser:
         kw.update(reasoning_parser=cfg.reasoning_parser)
+    if cfg.tp_size > 1:
+        kw.update(tp_size=cfg.tp_size)
     kw.update(dict(cfg.extra))
     return kw
 
@@ -189,9 +216,13 @@ def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) ->
 def start_engine(cfg: EngineConfig, stats_file: Optional[str] = None):
     """Start an in-process ``sglang.Engine``. The caller must run under ``if __name__ == "__main__"`` or pytest (the
     scheduler is spawned) and call ``.shutdown()``."""
-    apply_cpu_env(stats_file, cfg.product_plugin)
-    if stats_file and os.path.exists(stats_file):
-        os.remove(stats_file)
+    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size)
+    if stats_file:
+        from sglang_eagle_overlap.core.stats import rank_stats_path
+
+        for path in {rank_stats_path(stats_file, r, cfg.tp_size) for r in range(cfg.tp_size)} | {stats_file}:
+            if os.path.exists(path):
+                os.remove(path)
     pair = model_pair(cfg)
     import sglang
 
@@ -257,7 +288,9 @@ def launch_server(
     pair = model_pair(cfg)
     port = free_port()
     env = dict(os.environ)
-    env.update(cpu_env(stats_file, cfg.product_plugin))
+    env.update(cpu_env(stats_file, cfg.product_plugin, cfg.tp_size))
+    if cfg.tp_size <= 1:
+        env.pop(THREADS_BIND_ENV, None)
     if not stats_file:
         env.pop(STATS_ENV, None)
     elif os.path.exists(stats_file):

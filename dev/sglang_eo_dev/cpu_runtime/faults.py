@@ -19,6 +19,10 @@ fault:
     fill), ``accept_token`` and ``fill_next_token_bitmask`` (the per-request walk that finds the culprit) raise;
   - ``eo-fault-matcher-slow``: ``accept_token`` sleeps :data:`SLOW_FILL_S`, so the lockstep rounds pass the deadline.
 
+* ``eo-fault-rank1-slow``: ``eo-fault-slow``, but only in the scheduler of tensor-parallel rank 1 (``torch.distributed``
+  rank): one rank slower than the others, as when its core is busy (issue #21: the ranks must still build the same
+  mask).
+
 How: an AROUND hook on the product plugin's ``integration.requests.mask_request_for`` (the Req -> mask input mapping,
 the only place the plugin picks a request's grammar for the mask build) swaps the mask input. The request's own grammar
 (used by SGLang to advance over committed tokens) is untouched. Every injected call is counted in the runtime stats
@@ -32,14 +36,16 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-__all__ = ["ENV_FLAG", "RAISE_MARKER", "SLOW_MARKER", "RAISE_MATCHER_MARKER", "SLOW_MATCHER_MARKER", "SLOW_FILL_S",
-           "FaultyGrammar", "FaultyMatcher", "InjectedGrammarFault", "mask_request_for_around", "TARGET"]
+__all__ = ["ENV_FLAG", "RAISE_MARKER", "RANK1_SLOW_MARKER", "SLOW_MARKER", "RAISE_MATCHER_MARKER",
+           "SLOW_MATCHER_MARKER", "SLOW_FILL_S", "FaultyGrammar", "FaultyMatcher", "InjectedGrammarFault",
+           "mask_request_for_around", "TARGET"]
 
 ENV_FLAG = "SGLANG_EO_FAULTS"
 RAISE_MARKER = "eo-fault-raise"
 SLOW_MARKER = "eo-fault-slow"
 RAISE_MATCHER_MARKER = "eo-fault-matcher-raise"
 SLOW_MATCHER_MARKER = "eo-fault-matcher-slow"
+RANK1_SLOW_MARKER = "eo-fault-rank1-slow"
 SLOW_FILL_S = 0.025
 TARGET = "sglang_eagle_overlap.integration.requests.mask_request_for"
 
@@ -137,6 +143,8 @@ def mask_request_for_around(original: Any, req: Any) -> Any:
     out = original(req)
     rid = str(getattr(req, "rid", ""))
     mode = _mode(rid)
+    if RANK1_SLOW_MARKER in rid and _rank() == 1:
+        mode = "slow"
     if mode is None or (out.matcher is None and out.grammar is None):
         return out  # not marked, or unconstrained / finished: nothing to break
     if mode.startswith("matcher-"):
@@ -146,3 +154,9 @@ def mask_request_for_around(original: Any, req: Any) -> Any:
     out.matcher = None
     out.grammar = FaultyGrammar(req.grammar, mode, rid)
     return out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -2,6 +2,8 @@
 
 The scheduler runs in a spawned subprocess, so the counters are written (atomically, on every change) to the JSON
 file named by ``SGLANG_EO_STATS_FILE``; :func:`read_stats` reads it back. Without that variable nothing is written.
+With several ranks (TP > 1) each scheduler writes its own file, ``<stem>.rank<r><ext>``
+(:func:`sglang_eagle_overlap.core.stats.rank_stats_path`); :func:`read_rank_stats` reads them all.
 
 ``grammar_decode_batches``: calls of ``Scheduler.is_disable_overlap_for_batch`` for a decode batch with speculative
 decoding on and at least one grammar request. ``overlap_disabled_grammar_decode_batches``: those of them for which it
@@ -21,8 +23,8 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["STATS_ENV", "count", "count_idle_memory_check", "record_abort_request", "count_overlap_decision", "read_stats", "record_error",
-           "mark_scheduler_started"]
+__all__ = ["STATS_ENV", "count", "count_idle_memory_check", "record_abort_request", "count_overlap_decision",
+           "read_rank_stats", "read_stats", "record_error", "mark_scheduler_started"]
 
 STATS_ENV = "SGLANG_EO_STATS_FILE"
 
@@ -47,6 +49,12 @@ def _write() -> None:
     path = os.environ.get(STATS_ENV)
     if not path:
         return
+    from sglang_eagle_overlap.core.stats import distributed_rank, rank_stats_path
+
+    rank = distributed_rank()
+    if rank is not None:  # TP > 1: one file per rank (stats.json -> stats.rank<r>.json), as the product plugin does
+        path = rank_stats_path(path, *rank)
+        _state["rank"], _state["world_size"] = rank
     _state["pid"] = os.getpid()
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -118,6 +126,14 @@ def record_abort_request(result: Any, scheduler: Any, recv_req: Any, *args: Any,
         del rids[:-256]
         _write()
     return None
+
+
+def read_rank_stats(path: str | os.PathLike[str], world_size: int) -> list[dict[str, Any]]:
+    """The counters of each of ``world_size`` ranks (index = rank) written for ``path`` (empty dicts for ranks that
+    wrote nothing yet); ``world_size`` 1 reads ``path`` itself."""
+    from sglang_eagle_overlap.core.stats import rank_stats_path
+
+    return [read_stats(rank_stats_path(str(path), r, world_size)) for r in range(world_size)]
 
 
 def read_stats(path: str | os.PathLike[str]) -> dict[str, Any]:
