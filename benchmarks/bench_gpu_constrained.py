@@ -42,8 +42,7 @@ Devices:
 * ``cuda`` (default when a GPU is visible): SGLang on the GPU with the workload above, or a real pair with
   ``--model-path`` / ``--draft-model-path``; engine arguments from ``benchmarks/gpu_engine_args.py`` (checked against
   the installed ``ServerArgs`` by ``tests/test_gpu_engine_args.py``). ``--attention-backend triton --sampling-backend
-  pytorch`` avoid flashinfer (what ``scripts/gpu/run.sh`` passes on the offline host). With the default dummy configs
-  the md also shows the calibrated TPOT model (``benchmarks/tpot_model.py``) next to every measured cell.
+  pytorch`` avoid flashinfer (what ``scripts/gpu/run.sh`` passes on the offline host).
 * ``cpu``: the real SGLang engine on CPU through the dev-only CPU runtime (``sglang_eo_dev.cpu_runtime``) with the tiny
   random pair: the same code path end to end, small and quick (CI runs it); CPU numbers are CPU mechanics, not GPU
   overlap.
@@ -311,12 +310,9 @@ def markdown(result: Dict[str, Any]) -> str:
         lines += ["CPU mode: tiny models, the forward runs synchronously on the scheduler thread, so nothing can be "
                   "hidden; these rows exercise the benchmark end to end and are no GPU result (on a shared machine "
                   "they are also noisy: compare nothing across engines here).", ""]
-    has_model = any(r.get("model_plugin_ms") is not None for r in result["rows"])
     head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | best unc / json / "
             "off | ms/token unc / json / off | over unc. | off/on | grammar ms json / off | phases adv / tree / "
             "mask / unhidden ms | limit hits/req | accept | steps unc / json / off |")
-    if has_model:
-        head += " TPOT model plugin ms (err) |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
 
     def _step(c: Dict[str, Any]) -> str:
@@ -340,13 +336,7 @@ def markdown(result: Dict[str, Any]) -> str:
                 f"{_f(on.get('grammar_ms'))} / {_f(off.get('grammar_ms'))} | {phs} | {hits} | "
                 f"{_f(on.get('accept_len'))} | {unc.get('n_steps', 0)} / {on.get('n_steps', 0)} / "
                 f"{off.get('n_steps', 0)} |")
-        if has_model:
-            mp, err = r.get("model_plugin_ms"), r.get("model_err")
-            line += f" {_f(mp)} ({_f(err, '{:+.1%}')}) |" if mp is not None else " – |"
         lines.append(line)
-    if has_model:
-        lines += ["", "TPOT model column: PREDICTED by `benchmarks/tpot_model.py` (calibrated on the notes' H200 "
-                      "table); err = predicted / measured here - 1."]
     if result.get("problems"):
         lines += ["", "Problems seen:", ""] + [f"- {p}" for p in result["problems"]]
     lines.append("")
@@ -551,21 +541,6 @@ def _default_device() -> str:
         return "cpu"
 
 
-def _attach_model(rows: List[Dict[str, Any]]) -> None:
-    """The calibrated TPOT model's plugin prediction next to each measured cell (default dummy 8B configs only)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import tpot_model
-    finally:
-        sys.path.pop(0)
-    for r in rows:
-        if r["shape"] not in tpot_model.DRAFT_NODES or r["json"].get("ms_step") is None:
-            continue
-        pred = tpot_model.predict(r["bs"], r["shape"]).plugin_ms
-        r["model_plugin_ms"] = pred
-        r["model_err"] = pred / r["json"]["ms_step"] - 1.0
-
-
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -697,8 +672,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def result() -> Dict[str, Any]:
         cells = {k: summarize_cell(v, phases.get(k, [])) for k, v in rounds.items()}
         rows = table_rows(cells, [s.name for s in args.shape_list], args.batch_sizes)
-        if args.dummy and args.workload == DEFAULT_WORKLOAD:
-            _attach_model(rows)
         return {
             "command": command,
             "machine": machine,
