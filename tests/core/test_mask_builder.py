@@ -288,3 +288,15 @@ def test_time_limit_after_some_rows_were_built_resets_them(strategy, limit, monk
         assert torch.equal(got.bitmask[i * N], ref[i * N])
         assert bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all()), i
         assert torch.equal(G.next_token_bitmask(m, VOCAB), before[i])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_int32_tree_tensors_give_the_same_mask(strategy, caplog):
+    """Hosts hand over int32 as well as int64 tree tensors (draft tokens especially); the mask is the same, built on
+    the strategy's own path (xgrammar's native walk takes int64 only: no failed attempt and per-request rebuild)."""
+    matchers, nxt, sib, tok = _setup()
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+            _reqs(matchers), nxt.to(torch.int32), sib.to(torch.int32), tok.to(torch.int32), VOCAB)
+    assert torch.equal(got.bitmask, _reference()) and got.failed == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
