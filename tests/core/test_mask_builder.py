@@ -286,3 +286,32 @@ def test_time_limit_after_some_rows_were_built_resets_them(strategy, limit, monk
         assert torch.equal(got.bitmask[i * N], ref[i * N])
         assert bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all()), i
         assert torch.equal(G.next_token_bitmask(m, VOCAB), before[i])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_int32_tree_tensors_give_the_same_mask(strategy, caplog):
+    """Hosts hand over int32 as well as int64 tree tensors (draft tokens especially); the mask is the same, built on
+    the strategy's own path (xgrammar's native walk takes int64 only: no failed attempt and per-request rebuild)."""
+    matchers, nxt, sib, tok = _setup()
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+            _reqs(matchers), nxt.to(torch.int32), sib.to(torch.int32), tok.to(torch.int32), VOCAB)
+    assert torch.equal(got.bitmask, _reference()) and got.failed == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_out_of_vocabulary_drafts_stay_on_the_native_path(caplog):
+    """Draft tokens < 0 (neutralised drafts are -1) or >= vocab_size are invalid nodes; the native strategy handles
+    them itself (no failed batched attempt, no per-request rebuild) and gives the exact walk's rows."""
+    matchers, nxt, sib, tok = _setup()
+    tok = tok.clone()
+    tok[0, 2] = -1  # a root child
+    tok[1, 4] = VOCAB + 3  # a grandchild
+    tok[2, 1] = VOCAB  # the true continuation itself
+    exact = TreeMaskBuilder(strategy="python").build(_reqs(_setup()[0]), nxt, sib, tok, VOCAB)
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert torch.equal(got.bitmask, exact.bitmask) and got.valid_nodes == exact.valid_nodes
+    for row in (2, N + 4, 2 * N + 1, 2 * N + 3):  # the invalid nodes (and the child of one)
+        assert bool((got.bitmask[row] == -1).all()), row
