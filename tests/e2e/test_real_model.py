@@ -32,7 +32,7 @@ from .common import output_ids
 
 pytestmark = pytest.mark.engine
 
-MAX_NEW = 64
+MAX_NEW = 80
 REGEX = r"(Yes|No), because [a-z ]{5,40}\."
 EBNF = 'root ::= "The answer is " ("yes" | "no") ". Confidence: " [0-9] "/10."'
 
@@ -134,6 +134,28 @@ def test_tokenizer_is_byte_level_for_xgrammar(baseline):
     from sglang_eo_dev.real_model.target import build_target, xgrammar_vocab_type
 
     assert xgrammar_vocab_type(build_target()) == "BYTE_LEVEL"
+
+
+def test_the_hybrid_gguf_decoder_would_make_xgrammar_see_byte_fallback(tmp_path):
+    """Why the fix is needed: the decoder transformers can build from the GGUF (ByteFallback, Fuse, Replace,
+    ByteLevel) turns xgrammar's detection to BYTE_FALLBACK; fix_tokenizer restores BYTE_LEVEL."""
+    import shutil
+
+    from sglang_eo_dev.real_model.target import build_target, fix_tokenizer, xgrammar_vocab_type
+
+    src = build_target()
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("config.json", "chat_template.jinja"):
+            shutil.copy(f, tmp_path / f.name)
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    data["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    assert xgrammar_vocab_type(tmp_path) == "BYTE_FALLBACK"
+    fix_tokenizer(tmp_path)
+    assert xgrammar_vocab_type(tmp_path) == "BYTE_LEVEL"
 
 
 def test_nonspec_constrained_answers_follow_their_grammar(baseline):
