@@ -95,3 +95,67 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def offline_accept(target_dir: str, draft_dir: str, max_new_tokens: int = 80) -> dict[str, float]:
+    """Accept length of a greedy topk-1 chain of 3 drafts, simulated without SGLang on the held-apart prompts: the
+    target's constrained greedy answers (transformers + xgrammar, cached like the training data), then at each verify
+    step the draft's 3-step chain from the accepted position (an estimate; the engine number is :func:`measure`'s)."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from sglang_eo_dev.real_model import data, eagle3
+    from sglang_eo_dev.real_model.prompts import held_apart_requests
+
+    tdir, ddir = Path(target_dir), Path(draft_dir)
+    samples = data.samples(tdir, held_apart_requests(), max_new_tokens)
+    dcfg = json.loads((ddir / "config.json").read_text())
+    cfg = dict(hidden=dcfg["hidden_size"], heads=dcfg["num_attention_heads"], kv_heads=dcfg["num_key_value_heads"],
+               head_dim=dcfg["head_dim"], inter=dcfg["intermediate_size"], eps=dcfg["rms_norm_eps"],
+               draft_vocab=dcfg["draft_vocab_size"], theta=dcfg["rope_theta"])
+    draft = eagle3._modules(cfg)
+    w = load_file(str(ddir / "model.safetensors"))
+    state = {k.replace("midlayer.self_attn.", "").replace("midlayer.mlp.", "").replace("midlayer.", ""): v
+             for k, v in w.items() if k not in ("d2t", "t2d")}
+    draft.load_state_dict(state)
+    hot = (w["d2t"] + torch.arange(w["d2t"].shape[0])).tolist()
+    embed = load_file(str(tdir / "model.safetensors"))["model.embed_tokens.weight"].float()
+    t2d = torch.full((embed.shape[0],), -100, dtype=torch.long)
+    t2d[torch.tensor(hot)] = torch.arange(len(hot))
+    tokens = steps = 0
+    with torch.no_grad():
+        for s in samples:
+            # correct[k][i]: the draft's step k from position i predicts x[i+2+k] (inputs = the accepted tokens).
+            correct = _step_hits(draft, s, embed, t2d, cfg)
+            i, n = s.prompt_len - 1, len(s.ids)  # the first output token comes from the prefill
+            while i + 2 < n:
+                run = 0
+                while run < 3 and i + 2 + run < n and correct[run][i]:
+                    run += 1
+                tokens += 1 + run
+                steps += 1
+                i += 1 + run
+    return {"accept_length": tokens / steps if steps else 0.0, "verify_steps": steps, "prompts": len(samples)}
+
+
+def _step_hits(draft, s, embed, t2d, cfg) -> list[list[bool]]:
+    import torch
+
+    from sglang_eo_dev.real_model.eagle3 import _rope_tables
+
+    T = len(s.ids) - 1
+    toks = torch.tensor(s.ids + [0] * 4)
+    hidden = draft.fc(s.feats[:T].unsqueeze(0))
+    causal = torch.full((T, T), float("-inf")).triu(1)
+    pos = torch.arange(T).unsqueeze(0)
+    past: list = []
+    hits = []
+    for k in range(3):
+        cos, sin = _rope_tables(pos + k, cfg["head_dim"], cfg["theta"])
+        hidden, kv = draft(embed[toks[1 + k:1 + k + T]].unsqueeze(0), hidden, cos, sin, past, causal)
+        past.append(kv)
+        pred = draft.logits(hidden)[0].argmax(-1)
+        hits.append((pred == t2d[toks[2 + k:2 + k + T]]).tolist())
+    return hits
