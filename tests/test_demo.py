@@ -60,3 +60,23 @@ def test_table_and_explanation_show_the_overlap_difference():
     words = "\n".join(demo.explanation(results, gpu=False))
     assert "0.5.16 ran 12 of 12 " in words and "0 of 12 with the plugin" in words
     assert "follower" in words and demo.GPU_BENCHMARK in words
+
+
+def _real(version, state, constrained, ids, free=()):
+    r = _result(version, state, 10, 0)
+    r.update(labels=["extraction: a", "tool call: b"], constrained=constrained, ids=ids, free=list(free))
+    return r
+
+
+def test_side_by_side_shows_free_and_constrained_answers_and_token_identity():
+    demo = _demo()
+    same = [[1, 2, 3], [4, 5]]
+    results = [_real("0.5.16", "off", ['{"a": 1}', '{"b": 2}'], same, free=["```json\n{\"a\": 1", "{\"b\": 2}"]),
+               _real("0.5.16", "on", ['{"a": 1}', '{"b": 2}'], same)]
+    lines = demo.side_by_side(results)
+    assert lines[0] == "[1] extraction: a"
+    assert "does NOT parse" in lines[1] and "0.5.16 plugin off" in lines[2] and "0.5.16 plugin on" in lines[3]
+    assert "-> parses" in lines[5]
+    assert demo.token_changes(results) == []
+    results[1]["ids"] = [[1, 2, 3], [4, 6]]
+    assert demo.token_changes(results) == ["SGLang 0.5.16: prompt 2 differs between plugin off and on"]

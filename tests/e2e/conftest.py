@@ -34,6 +34,8 @@ MODULE_ORDER = (
     "test_reasoning_grammar",
     "test_logprobs",
     "test_mixed_grammar_kinds",
+    # issue #18: the real pair (SmolLM2-135M-Instruct + trained EAGLE3 draft), 4 engines per version
+    "test_real_model",
     "test_server",
     "test_operator_metrics_server",
     "test_faults",
