@@ -125,8 +125,10 @@ def baseline(engine_pool):
     return run_tp1(engine_pool, EngineConfig(pair="follower", spec=None, overlap=True, product_plugin=False))[0]
 
 
-@pytest.mark.parametrize("plugin", [True, False], ids=["plugin-on", "plugin-off"])
-@pytest.mark.parametrize("spec", ["topk1", "topk4"])
+# Plugin on: topk 1 and 4; plugin off (stock SGLang under TP): topk 1 only -- each TP 2 engine start costs minutes
+# on 2 cores, and stock's behaviour does not depend on the tree shape.
+@pytest.mark.parametrize("spec,plugin", [("topk1", True), ("topk4", True), ("topk1", False)],
+                         ids=["topk1-plugin-on", "topk4-plugin-on", "topk1-plugin-off"])
 def test_tp2_token_identical_to_tp1_nonspec(engine_pool, baseline, spec, plugin):
     got = _run_tp(engine_pool, spec, plugin)["results"]
     for case in CASES:
@@ -135,8 +137,10 @@ def test_tp2_token_identical_to_tp1_nonspec(engine_pool, baseline, spec, plugin)
             assert have[0] == want[0] and have[2] == want[2]
 
 
-@pytest.mark.parametrize("plugin", [True, False], ids=["plugin-on", "plugin-off"])
-@pytest.mark.parametrize("spec", ["topk1", "topk4"])
+# Plugin on: topk 1 and 4; plugin off (stock SGLang under TP): topk 1 only -- each TP 2 engine start costs minutes
+# on 2 cores, and stock's behaviour does not depend on the tree shape.
+@pytest.mark.parametrize("spec,plugin", [("topk1", True), ("topk4", True), ("topk1", False)],
+                         ids=["topk1-plugin-on", "topk4-plugin-on", "topk1-plugin-off"])
 def test_tp2_every_rank_keeps_grammar_batches_in_overlap(engine_pool, sglang_version, spec, plugin):
     runtime = _run_tp(engine_pool, spec, plugin)["runtime"]
     assert [r.get("rank") for r in runtime] == list(range(TP)), runtime
