@@ -114,7 +114,7 @@ def _run(engine_pool, cfg: EngineConfig, sampling: bool = False):
     if sampling:
         prompts, params, checks = _cases(tokenizer)["json_batch"]
         res = engine.generate(prompt=prompts * 2,
-                              sampling_params=[dict(sp, temperature=0.8, top_p=0.95, seed=i) for i, sp in
+                              sampling_params=[dict(sp, temperature=0.8, top_p=0.95, sampling_seed=i) for i, sp in
                                                enumerate(params * 2)])
         out["sampled"] = [(r["text"], output_ids(r), r["meta_info"]["finish_reason"], 0, 0) for r in res]
     result = (out, read_plugin_stats(), engine_pool.stats())
