@@ -40,8 +40,8 @@ import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core.ledger import (
     AcceptLedger,
@@ -78,9 +78,10 @@ class StepMask:
 class MaskJob:
     """One verify step's grammar work between :meth:`GrammarStep.start_build` and :meth:`GrammarStep.finish_build`.
 
-    Times are filled by whichever thread ran the work: ``advance_s`` (barrier), ``tree_wait_s``, ``build_s``;
-    ``gil_s`` is that thread's CPU time outside GIL-free native fills (grammar thread only; inline it is simply
-    scheduler-thread work). ``submit_s`` is what ``start_build`` cost the scheduler thread."""
+    ``marks`` are the ``perf_counter`` readings of whichever thread ran the work: start, barrier done, tree resolved,
+    mask built (``advance_s`` / ``tree_wait_s`` / ``build_s`` are their differences); ``gil_s`` is that thread's CPU
+    time outside GIL-free native fills (grammar thread only; inline it is simply scheduler-thread work). ``submit_s``
+    is what ``start_build`` cost the scheduler thread."""
 
     requests: Sequence[MaskRequest]
     tree: PendingTree
@@ -88,13 +89,22 @@ class MaskJob:
     barrier: Optional[Callable[[], Any]] = None
     allow_timeout: bool = True
     future: Optional["Future[TreeMask]"] = None
-    advance_s: float = 0.0
-    tree_wait_s: float = 0.0
-    build_s: float = 0.0
+    marks: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     gil_s: float = 0.0
     submit_s: float = 0.0
     tree_nodes: int = 0
-    spans: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def advance_s(self) -> float:
+        return self.marks[1] - self.marks[0]
+
+    @property
+    def tree_wait_s(self) -> float:
+        return self.marks[2] - self.marks[1]
+
+    @property
+    def build_s(self) -> float:
+        return self.marks[3] - self.marks[2]
 
 
 class _Inert:
@@ -245,10 +255,7 @@ class GrammarStep:
         t0 = time.perf_counter()
         self.probe.on_mask_start(device, t0)
         threaded = job.future is not None
-        if job.future is not None:
-            result = job.future.result()
-        else:
-            result = self._run(job, False)
+        result = job.future.result() if job.future is not None else self._run(job, False)
         t_join = time.perf_counter()
         device_mask = None
         if result.bitmask is not None:
@@ -266,24 +273,21 @@ class GrammarStep:
         unhidden = self.probe.on_mask_ready(t3)
         upload_s = t3 - t_join
         bs = len(job.requests)
-        if threaded:
-            self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
-                                   unhidden, sched_s=job.submit_s + (t3 - t0), join_wait_s=t_join - t0,
-                                   helper_gil_s=job.gil_s)
-        else:
-            self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
-                                   unhidden, sched_s=job.submit_s + (t3 - t0))
+        # inline: the whole work ran here, gil_s stays 0 and there is no join to wait for
+        self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
+                               unhidden, sched_s=job.submit_s + (t3 - t0),
+                               join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s)
         self.stats.count("mask_failures", len(result.failed))
         self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out))
         tl = self.timeline
         if tl.enabled:
-            sp = job.spans
-            tl.span("advance", sp["t0"], sp["t1"], bs)
-            tl.span("tree_wait", sp["t1"], sp["t2"], bs)
-            tl.span("mask_build", sp["t2"], sp["t3"], bs)
+            m0, m1, m2, m3 = job.marks
+            tl.span("advance", m0, m1, bs)
+            tl.span("tree_wait", m1, m2, bs)
+            tl.span("mask_build", m2, m3, bs)
             if threaded:  # the work ran on the grammar thread; the scheduler thread waited t0 .. t_join
                 tl.span("grammar_join", t0, t_join, bs)
-            tl.span("mask_upload", t_join if threaded else sp["t3"], t3, bs)
+            tl.span("mask_upload", t_join if threaded else m3, t3, bs)
             tl.point("sample", t3, bs)
         self.report()
         return StepMask(device_mask, result)
@@ -325,8 +329,7 @@ class GrammarStep:
         result = builder.build(job.requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
                                job.vocab_size, allow_timeout=job.allow_timeout)
         t3 = time.perf_counter()
-        job.advance_s, job.tree_wait_s, job.build_s = t1 - t0, t2 - t1, t3 - t2
-        job.spans = {"t0": t0, "t1": t1, "t2": t2, "t3": t3}
+        job.marks = (t0, t1, t2, t3)
         if on_helper:
             job.gil_s = max(0.0, (time.thread_time() - cpu0) - (builder.native_cpu_s - native0))
         return result
