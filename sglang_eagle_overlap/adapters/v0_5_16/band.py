@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core.step import MaskJob
-from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration.requests import (
     abort_mask_failed,
     accept_run,
@@ -73,11 +72,10 @@ EAGLE_FAMILY = support.kept_algorithms(BAND)
 @dataclass(slots=True)
 class VerifyStep:
     """One plugin-owned verify step between :func:`begin_verify` and :func:`build_vocab_mask`; ``job`` is its
-    grammar work, running on the grammar thread since :func:`begin_verify` (None: built inline)."""
+    grammar work (started on the grammar thread by :func:`begin_verify`, or recorded there to run inline)."""
 
     batch: Any
-    pending: PendingTree
-    job: Optional[MaskJob] = None
+    job: MaskJob
 
 
 def algorithm_name(obj: Any) -> str:
@@ -148,30 +146,19 @@ def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyS
         return None
     pending = rt.step.copy_tree(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling,
                                 verify_input.draft_token)
-    job = None
-    if rt.step.grammar_thread:
-        # The barrier and the mask build start now, on the grammar thread, and run while the scheduler thread
-        # prepares and launches the target verify (which touches neither the matchers nor the previous result).
-        queue = rt.result_queue
-        reqs = batch.reqs
-        job = rt.step.start_build(mask_requests(reqs), pending, vocab_size=batch.sampling_info.vocab_size,
-                                  barrier=lambda: advance_queued_results(rt, queue, reqs), allow_timeout=True)
-    return VerifyStep(batch=batch, pending=pending, job=job)
+    # Grammar thread on: the barrier and the mask build start now and run while the scheduler thread prepares and
+    # launches the target verify (which touches neither the matchers nor the previous result); off: recorded here,
+    # run in build_vocab_mask after the launch. GrammarStep decides which.
+    queue, reqs = rt.result_queue, batch.reqs
+    job = rt.step.start_build(mask_requests(reqs), pending, vocab_size=batch.sampling_info.vocab_size,
+                              barrier=lambda: advance_queued_results(rt, queue, reqs), allow_timeout=True)
+    return VerifyStep(batch=batch, job=job)
 
 
 def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Optional[torch.Tensor]:
     """After the target-verify launch, before sampling. Returns the device mask (None: no row constrained)."""
-    if verify.job is not None:
-        job, verify.job = verify.job, None
-        step_mask = rt.step.finish_build(job, device=verify_input.retrieve_next_token.device,
-                                         draft_device=verify_input.draft_token)
-    else:
-        step_mask = rt.step.build_mask(
-            mask_requests(batch.reqs), verify.pending, vocab_size=batch.sampling_info.vocab_size,
-            device=verify_input.retrieve_next_token.device,
-            barrier=lambda: advance_queued_results(rt, rt.result_queue, batch.reqs),
-            draft_device=verify_input.draft_token,
-        )
+    step_mask = rt.step.finish_build(verify.job, device=verify_input.retrieve_next_token.device,
+                                     draft_device=verify_input.draft_token)
     for i, error in step_mask.tree.failed:
         abort_mask_failed(batch.reqs[i], error)
     grammar = next((req.grammar for req in batch.reqs if req.grammar is not None), None)
