@@ -109,20 +109,20 @@ class PluginGrammarTree:
 
 
 def hand_over_verify(rt: Runtime, batch: Any, barrier: Any) -> Optional[VerifyContext]:
-    """``run_eagle_verify`` entry (hook) or just before its ``GrammarTree.from_device`` (patched SGLang): with the
-    grammar thread on, give the tree constructor this batch and SGLang's barrier. Returns the context put on the
-    runtime (None: nothing handed over, the mask is built inline)."""
-    if not rt.step.grammar_thread or not getattr(batch, "has_grammar", False):
+    """``run_eagle_verify`` entry (hook) or just before its ``GrammarTree.from_device`` (patched SGLang): give the tree
+    constructor this batch and SGLang's barrier. Returns the context put on the runtime (None: no grammar)."""
+    if not getattr(batch, "has_grammar", False):
         return None
     ctx = rt.in_flight = VerifyContext(batch=batch, barrier=barrier)
     return ctx
 
 
 def start_grammar_job(rt: Runtime, tree: PluginGrammarTree) -> Optional[MaskJob]:
-    """Grammar thread on and inside a hooked ``run_eagle_verify`` of this tree's batch: start the barrier and the
-    mask build on the grammar thread now, before the verify launch. None: the mask is built inline later."""
+    """Inside a hooked ``run_eagle_verify`` of this tree's batch: start its job now, before the verify launch
+    (``GrammarStep.start_build``: on the grammar thread, or recorded to run inline in ``build_grammar_vocab_mask``).
+    None outside one (trees built elsewhere): the mask is built from ``build_grammar_vocab_mask``'s arguments."""
     ctx = rt.in_flight
-    if not isinstance(ctx, VerifyContext) or not rt.step.grammar_thread:
+    if not isinstance(ctx, VerifyContext):
         return None
     batch = ctx.batch
     rt.in_flight = None  # one tree per verify call
@@ -141,7 +141,7 @@ def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree,
     """After the target-verify launch, before sampling: barrier -> tree wait -> native mask -> non-blocking upload.
     Returns SGLang's ``GrammarMask`` (None: no request constrained). Chain trees without a neutralisable draft tensor
     are built without a time limit (exact, never neutralised)."""
-    if tree.job is not None:  # started on the grammar thread before the launch, with the same batch and barrier
+    if tree.job is not None:  # started before the launch with the same batch and barrier
         job, tree.job = tree.job, None
         step_mask = rt.step.finish_build(job, device=device, draft_device=tree.draft_device)
     else:

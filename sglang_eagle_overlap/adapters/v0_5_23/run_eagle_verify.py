@@ -10,7 +10,8 @@ How: on entry, :func:`~.band.hand_over_verify` puts a :class:`~.band.VerifyConte
 ``grammar_barrier`` keyword) on the runtime for the duration of this one call (the vendored patch makes the same call
 right before ``GrammarTree.from_device``); ``PluginGrammarTree.from_device`` reads it and starts the job
 (:func:`~.band.start_grammar_job`); ``build_grammar_vocab_mask`` joins it. The ``finally`` clears the hand-off
-whatever happens. With the grammar thread off, or for batches without a grammar, nothing changes.
+whatever happens. Batches without a grammar pass straight through; whether the job runs on the grammar thread or
+inline after the launch is ``GrammarStep``'s decision.
 
 Upstream state: 0.5.23 runs the barrier inside ``build_grammar_vocab_mask``, after the launch, on the scheduler
 thread.
