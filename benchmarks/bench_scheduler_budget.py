@@ -259,10 +259,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(f"[budget] {spec} {path} #{rep} ...", flush=True)
                     runs.append(one_engine(spec, path, rep, args, tmp, problems))
     result = {
-        "command": "flock /tmp/sglang-engine.lock " + " ".join([Path(sys.executable).parent.parent.name and
-                                                                 f".venvs/{Path(sys.executable).parent.parent.name}"
-                                                                 "/bin/python", "benchmarks/bench_scheduler_budget.py"]
-                                                                + list(argv if argv is not None else sys.argv[1:])),
+        "command": " ".join(["flock /tmp/sglang-engine.lock",
+                             f".venvs/{Path(sys.executable).parent.parent.name}/bin/python",
+                             "benchmarks/bench_scheduler_budget.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": _machine(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
         "repeats": args.repeats, "rows": aggregate(runs, args.batches), "identical": identical_outputs(runs),
         "problems": problems,
