@@ -28,8 +28,7 @@ returning ``False`` on rejection) and ``is_terminated() -> bool``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Collection, Dict, Hashable, List, Optional, Protocol, Sequence, Tuple
+from typing import Collection, Dict, Hashable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 __all__ = [
     "AdvanceOutcome",
@@ -54,9 +53,9 @@ class LedgerConflictError(RuntimeError):
     """The same (request, position) was advanced twice with different tokens."""
 
 
-@dataclass(slots=True, frozen=True)
-class AdvanceOutcome:
-    """What one run of accepted tokens did to a matcher.
+class AdvanceOutcome(NamedTuple):
+    """What one run of accepted tokens did to a matcher (immutable; a named tuple because one is made per request per
+    step, on the grammar thread, and a frozen dataclass costs several times more to build).
 
     ``retained`` is the prefix of the run the grammar consumed: all of it, or up to and including the token that
     terminated the grammar, or up to (excluding) a rejected token. Tokens past ``retained`` must not be emitted.
@@ -69,11 +68,16 @@ class AdvanceOutcome:
     error: Optional[str] = None
 
 
-@dataclass(slots=True)
 class _Entry:
-    consumed: int
-    grammar: object = None
-    history: Dict[int, AdvanceOutcome] = field(default_factory=dict)
+    """``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
+    only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key."""
+
+    __slots__ = ("consumed", "grammar", "history")
+
+    def __init__(self, consumed: int, grammar: object = None) -> None:
+        self.consumed = consumed
+        self.grammar = grammar
+        self.history: Dict[int, AdvanceOutcome] = {}
 
 
 class AcceptLedger:
@@ -103,7 +107,7 @@ class AcceptLedger:
 
     def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
         """Feed ``tokens`` (the run accepted at output position ``start``) to ``grammar`` exactly once."""
-        toks = tuple(int(t) for t in tokens)
+        toks = tuple(map(int, tokens))
         entry = self._entries.get(key)
         if entry is None or entry.grammar is not grammar:
             # First sight of this request (or of its rebuilt matcher): it has consumed exactly the tokens before
@@ -132,10 +136,10 @@ class AcceptLedger:
         self.tokens_fed += len(outcome.retained)
         # A run that was cut (termination / rejection) moves ``consumed`` only past what the matcher really took.
         entry.consumed = start + len(outcome.retained)
-        entry.history[start] = outcome
-        if len(entry.history) > self._history:
-            for old in sorted(entry.history)[: len(entry.history) - self._history]:
-                del entry.history[old]
+        history = entry.history
+        history[start] = outcome
+        if len(history) > self._history:  # one run in, at most one out (the oldest: _Entry)
+            del history[next(iter(history))]
         return outcome
 
     def forget(self, key: Hashable) -> None:
@@ -173,4 +177,4 @@ def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOut
             if grammar.is_terminated():
                 terminated = True
                 break
-    return AdvanceOutcome(start=start, tokens=toks, retained=tuple(retained), terminated=terminated, error=error)
+    return AdvanceOutcome(start, toks, tuple(retained), terminated, error)

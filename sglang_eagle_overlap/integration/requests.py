@@ -7,7 +7,9 @@ Decided once for every integration (hooks and patched SGLang alike):
   does the same: ``accept_token`` on a terminated grammar is a no-op and the token is still committed);
 * a rejected token aborts that request alone (HTTP 500 for it, ``Grammar accept_token failed: ...``);
 * a grammar that raises during the mask build aborts that request alone (``Grammar mask build failed: ...``);
-* finished requests, and requests without a grammar, are unconstrained in the tree mask (SG#28986).
+* finished requests, requests already being aborted (``to_finish`` set: with overlap the next batch is formed before
+  the abort lands, so a failed grammar would be built -- and fail -- once more), and requests without a grammar are
+  unconstrained in the tree mask (SG#28986).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def innermost_grammar(grammar: Any) -> Any:
 
 
 def mask_request_for(req: Any) -> MaskRequest:
-    """One batch row of the tree mask: unconstrained (no grammar, or finished: SG#28986), the bare xgrammar matcher
+    """One batch row of the tree mask: unconstrained (no grammar, finished: SG#28986, or being aborted: its grammar is
+    not called again and its tokens are discarded), the bare xgrammar matcher
     (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
     (reasoning wrapper, other backends)."""
     grammar = getattr(req, "grammar", None)
@@ -58,7 +61,7 @@ def mask_request_for(req: Any) -> MaskRequest:
     if grammar is None:
         return MaskRequest(request_id=rid)
     finished = getattr(req, "finished", None)
-    if callable(finished) and finished():
+    if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
         return MaskRequest(request_id=rid)
     if is_xgrammar(grammar):
         return MaskRequest(matcher=grammar.matcher, request_id=rid)

@@ -90,3 +90,19 @@ def test_generic_faults_still_take_the_grammar_walk(mode):
     reqs, _ = _reqs([f"{marker}-1"])
     q = faults.mask_request_for_around(mask_request_for, reqs[0])
     assert q.matcher is None and q.grammar.mode == mode and q.grammar.inner is reqs[0].grammar
+
+
+def test_a_request_being_aborted_is_not_built_again():
+    """With overlap the next batch is formed before an abort lands: a request whose grammar failed is still in it, with
+    ``to_finish`` set. Its row is unconstrained and its grammar is not called, so one failure is counted once."""
+    reqs, (nxt, sib, tok) = _reqs([f"{faults.RAISE_MATCHER_MARKER}-1", "b"])
+    builder = TreeMaskBuilder(strategy="lockstep", threads=1)
+    first = builder.build([faults.mask_request_for_around(mask_request_for, r) for r in reqs], nxt, sib, tok, VOCAB)
+    assert [i for i, _ in first.failed] == [0]
+    want_b = first.bitmask[nxt.shape[1]:].clone()
+    reqs[0].to_finish = object()  # what finish_with_error leaves until SGLang's check_finished
+    before = _counters()
+    again = builder.build([faults.mask_request_for_around(mask_request_for, r) for r in reqs], nxt, sib, tok, VOCAB)
+    assert again.failed == [] and _delta(before, "faults_matcher_raised_in_batch_fill") == 0
+    n = nxt.shape[1]
+    assert bool((again.bitmask[:n] == -1).all()) and torch.equal(again.bitmask[n:], want_b)

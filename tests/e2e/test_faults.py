@@ -228,7 +228,7 @@ def test_faults_leave_the_server_serving(server):
         assert f"eo-abort-{i}" in aborted and f"eo-disconnect-{i}" in aborted, stats.get("abort_requests")
     plugin = read_stats(server.plugin_stats_file)
     assert plugin.get("active") is True, plugin
-    assert plugin.get("mask_failures", 0) >= 2, plugin  # both raising requests were caught by the plugin
+    assert plugin.get("mask_failures") == 2, plugin  # each raising request was caught by the plugin, once
     assert plugin.get("mask_timeouts", 0) >= 2, plugin  # both slow builds hit the time limit
     assert plugin.get("ledger_resets") == 0, plugin  # the ledger never saw a gap or a conflicting run
     after = _ok(_post(server, dict(SURVIVORS["json"][0], rid="after-faults")))

@@ -175,7 +175,11 @@ def test_nonspec_constrained_answers_follow_their_grammar(baseline):
             _check(check, text, finish)
 
 
-@pytest.mark.parametrize("spec,plugin", [("topk1", True), ("topk1", False), ("topk4", True)])
+# Plugin off (stock SGLang on the real pair) on 0.5.16 only, where stock forces every grammar batch out of the overlap:
+# the comparison the README draws; on 0.5.23 it would test SGLang's own grammar path, not the plugin (CI time).
+@pytest.mark.parametrize("spec,plugin", [("topk1", True),
+                                         pytest.param("topk1", False, marks=pytest.mark.sglang_0_5_16),
+                                         ("topk4", True)])
 def test_eagle3_greedy_token_identical_to_nonspec(engine_pool, sglang_version, baseline, spec, plugin):
     out, plugin_stats, runtime = _run(engine_pool, _cfg(spec, plugin), sampling=(spec == "topk1" and plugin))
     for name, want in baseline.items():

@@ -9,6 +9,7 @@ from ``run_eagle_verify`` itself (the hooks' hand-off or the patched call sites)
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,10 +30,13 @@ if SGLANG_VERSION == "0.5.16":
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory) -> dict:
     root: Path = patched_sglang_copy(tmp_path_factory.mktemp("decisions-patched"), SGLANG_VERSION)
-    hook = run_probe([*PROBE, "hook"], SGLANG_EAGLE_OVERLAP=None)
-    patched = run_probe([*PROBE, "patched"], [root], SGLANG_EAGLE_OVERLAP=None)
-    stock = run_probe([*PROBE, "stock"], SGLANG_EAGLE_OVERLAP=None)
-    switched_off = run_probe([*PROBE, "patched"], [root], SGLANG_EAGLE_OVERLAP="0")
+    # Four independent interpreters, two at a time: each spends most of its ~15 s importing SGLang on one core.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [pool.submit(run_probe, [*PROBE, "hook"], SGLANG_EAGLE_OVERLAP=None),
+                pool.submit(run_probe, [*PROBE, "patched"], [root], SGLANG_EAGLE_OVERLAP=None),
+                pool.submit(run_probe, [*PROBE, "stock"], SGLANG_EAGLE_OVERLAP=None),
+                pool.submit(run_probe, [*PROBE, "patched"], [root], SGLANG_EAGLE_OVERLAP="0")]
+        hook, patched, stock, switched_off = (r.result() for r in runs)
     assert patched["sglang_file"].startswith(str(root)) and switched_off["sglang_file"].startswith(str(root))
     assert not hook["sglang_file"].startswith(str(root)) and not stock["sglang_file"].startswith(str(root))
     return {"hook": hook, "patched": patched, "stock": stock, "switched_off": switched_off}
