@@ -503,8 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="EAGLE3 tree: 1 = chain of 3 steps / 4 draft tokens, 4 = topk 4 / 3 steps / 8 draft tokens")
     ap.add_argument("--requests", type=int, default=4,
                     help="JSON-schema requests per round (one batch; default 4; the real model has 5 prompts)")
-    ap.add_argument("--rounds", type=int, default=10, help="measured rounds after the warm-up round (default 10)")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="measured rounds after the warm-up round (default: 3 with the real model, ~3 min per engine "
+                         "on 2 CPU cores; 10 otherwise)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="default: 160 with the real model (its longest greedy answer, the nested order, needs ~110), "
+                         "96 otherwise")
     ap.add_argument("--model-path", help="GPU mode: target model (default: CPU mode with tiny local models)")
     ap.add_argument("--draft-model-path", help="GPU mode: EAGLE3 draft model (required with --model-path)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -528,6 +532,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    real = not args.model_path and not args.tiny
+    if args.rounds is None:
+        args.rounds = 3 if real else 10
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 160 if real else 96
     if args.model_path and not args.draft_model_path:
         ap.error("--draft-model-path is required with --model-path")
     if args.requests < 1 or args.rounds < 1:
