@@ -4,13 +4,18 @@ The workload the forced-token drafting (issue 19) is judged on: SmolLM2-135M-Ins
 draft (``scripts/build_real_model.sh``) on the real CPU engine, overlap on, plugin on, greedy, the held-apart prompts
 (``sglang_eo_dev.real_model.prompts.held_apart_requests``: prompts the draft never saw in training), sent as one batch
 twice per round: with each prompt's JSON schema ("json") and without a grammar ("free"). Per EAGLE3 tree (topk 1: 3
-steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) and mode it reports, summed over the requests of all rounds:
+steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) two engines run one after the other: grammar-forced drafts on
+(issue 19; modes "json" and "free") and off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``; mode "json, no forced"). Per
+tree and mode it reports, summed over the requests of all rounds:
 
 * accept length = output tokens / verify steps (SGLang's ``spec_verify_ct``);
 * verify steps per output token (its inverse: what issue 19 must lower for "json" below "free");
 * the batch's wall time per verify step of its longest request (a CPU figure: the forward runs on the scheduler
   thread; compare modes of one run, not machines);
-* how many answers parse as JSON.
+* how many answers parse as JSON;
+* from the plugin's stats file: forced draft tokens proposed / accepted, and the grammar work per verify step on the
+  host (advance + tree wait + mask build, which includes computing the forced continuations; ``sched ms``: what it
+  cost the scheduler thread).
 
 Run (one engine per tree, under the engine lock)::
 
@@ -28,13 +33,14 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "dev"))
 
 MODES = ("json", "free")
+ROWS = (("on", "json"), ("off", "json"), ("on", "free"))
 
 
 def _parses(text: str) -> bool:
@@ -45,30 +51,49 @@ def _parses(text: str) -> bool:
         return False
 
 
-def run_tree(spec: str, rounds: int, max_new_tokens: int) -> Dict[str, Any]:
-    """One engine for ``spec``: a warm-up batch per mode, then ``rounds`` measured batches per mode, alternating."""
+def _plugin_stats(path: Path) -> Dict[str, Any]:
+    """The plugin's stats file; zeros when it never wrote one (NGRAM: its grammar batches are SGLang's own)."""
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    return dict.fromkeys(("steps", "forced_proposed", "forced_changed", "forced_accepted", "forced_nodes", "advance_s",
+                          "tree_wait_s", "mask_s", "sched_s"), 0)
+
+
+def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_dir: Path,
+             draft: Optional[str] = None, algorithm: str = "EAGLE3") -> Dict[str, Any]:
+    """One engine for ``spec``: a warm-up batch per mode, then ``rounds`` measured batches per mode, alternating.
+    ``forced``: grammar-forced drafts on (both modes) or off (the "json" mode only)."""
+    import os
+
     from transformers import AutoTokenizer
 
     from sglang_eo_dev.cpu_runtime.engine import EngineConfig, model_pair, start_engine
     from sglang_eo_dev.real_model.evaluate import chat_prompt
     from sglang_eo_dev.real_model.prompts import held_apart_requests
 
-    cfg = EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=True)  # type: ignore[arg-type]
+    extra = (("speculative_draft_model_path", draft),) if draft else ()
+    cfg = EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=True,  # type: ignore[arg-type]
+                       algorithm=algorithm, extra=extra, forced_drafts=forced)  # type: ignore[arg-type]
     tok = AutoTokenizer.from_pretrained(model_pair(cfg).target)
     reqs = held_apart_requests()
     prompts = [chat_prompt(tok, r) for r in reqs]
     base = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
     params = {"json": [dict(base, json_schema=r.schema_json()) for r in reqs], "free": [dict(base) for _ in reqs]}
+    modes = MODES if forced else ("json",)
     acc: Dict[str, Dict[str, Any]] = {m: {"tokens": 0, "verify_steps": 0, "wall_s": 0.0, "longest_verify": 0,
-                                          "parses": 0, "answers": 0, "finished": 0} for m in MODES}
+                                          "parses": 0, "answers": 0, "finished": 0} for m in modes}
+    stats = stats_dir / f"plugin-{algorithm}-{spec}-{'on' if forced else 'off'}.json"
+    os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = str(stats)
     t0 = time.monotonic()
     engine = start_engine(cfg)
     start_s = time.monotonic() - t0
+    texts: Dict[str, List[str]] = {}
     try:
-        for mode in MODES:
+        for mode in modes:
             engine.generate(prompt=prompts, sampling_params=params[mode])  # warm-up
+        before = _plugin_stats(stats)
         for _ in range(rounds):
-            for mode in MODES:
+            for mode in modes:
                 t = time.monotonic()
                 outs = engine.generate(prompt=prompts, sampling_params=params[mode])
                 a = acc[mode]
@@ -80,45 +105,99 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int) -> Dict[str, Any]:
                 a["parses"] += sum(_parses(o["text"]) for o in outs)
                 a["finished"] += sum((o["meta_info"].get("finish_reason") or {}).get("type") == "stop" for o in outs)
                 a["answers"] += len(outs)
+                texts.setdefault(mode, []).extend(o["text"] for o in outs)
+        after = _plugin_stats(stats)
     finally:
         engine.shutdown()
+        os.environ.pop("SGLANG_EAGLE_OVERLAP_STATS_FILE", None)
+    steps = after["steps"] - before["steps"]
+    plugin = {k: after[k] - before[k] for k in ("forced_proposed", "forced_changed", "forced_accepted", "forced_nodes")}
+    plugin.update({k + "_ms": 1e3 * (after[k] - before[k]) / steps if steps else None
+                   for k in ("advance_s", "tree_wait_s", "mask_s", "sched_s")})
+    plugin["grammar_steps"] = steps
     for a in acc.values():
         a["accept_length"] = a["tokens"] / a["verify_steps"] if a["verify_steps"] else None
         a["verify_per_token"] = a["verify_steps"] / a["tokens"] if a["tokens"] else None
         a["ms_per_verify_step"] = 1e3 * a["wall_s"] / a["longest_verify"] if a["longest_verify"] else None
-    return {"spec": spec, "start_s": start_s, "prompts": len(reqs), "rounds": rounds, "modes": acc}
+    return {"spec": spec, "algorithm": algorithm, "forced": forced, "start_s": start_s, "prompts": len(reqs), "rounds": rounds, "modes": acc,
+            "plugin": plugin, "texts": texts}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", action="append", choices=["topk1", "topk4"], help="EAGLE3 tree(s) (default: both)")
+    ap.add_argument("--spec", action="append", choices=["topk1", "topk4"], help="draft tree(s) (default: both)")
+    ap.add_argument("--algorithm", choices=["EAGLE3", "STANDALONE", "NGRAM"], default="EAGLE3",
+                    help="EAGLE3 (the trained draft), STANDALONE (a 6-layer copy of the target), NGRAM (no draft "
+                         "model; 8 draft tokens, one engine: forced drafts do not apply)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--draft-epochs", type=int, default=None,
+                    help="use an EAGLE3 draft trained for this many epochs (built and cached on first use; default: "
+                         "the project's draft)")
     args = ap.parse_args()
     from importlib.metadata import version
 
-    results = [run_tree(s, args.rounds, args.max_new_tokens) for s in (args.spec or ["topk1", "topk4"])]
+    import tempfile
+
+    stats_dir = Path(tempfile.mkdtemp(prefix="bench-real-pair-"))
+    draft = None
+    if args.draft_epochs is not None:
+        from sglang_eo_dev.real_model.build import build_all
+
+        draft = build_all(args.draft_epochs)["eagle3"]
+    algo = args.algorithm
+    specs = ["topk1"] if algo == "NGRAM" else (args.spec or ["topk1", "topk4"])
+    results = [run_tree(s, args.rounds, args.max_new_tokens, forced, stats_dir, draft, algo)
+               for s in specs for forced in ((True,) if algo == "NGRAM" else (True, False))]
     v = version("sglang")
     cmd = "flock /tmp/sglang-engine.lock " + shlex.join([sys.executable.replace(str(ROOT) + "/", ""),
                                                           "benchmarks/bench_real_pair.py", *sys.argv[1:]])
     env = (f"SGLang {v}, xgrammar {version('xgrammar')}, Python {platform.python_version()}, CPU engine on this "
-           f"machine (shared, noisy); greedy, max_new_tokens {args.max_new_tokens}, plugin on, overlap on")
+           f"machine (shared, noisy); greedy, max_new_tokens {args.max_new_tokens}, plugin on, overlap on, JSON "
+           f"without whitespace (constrained_json_disable_any_whitespace); {algo} draft: "
+           + (f"trained {args.draft_epochs} epochs" if args.draft_epochs is not None else
+              {"EAGLE3": "the project's trained one", "STANDALONE": "the target's first 6 of 30 layers, untrained",
+               "NGRAM": "none (8 draft tokens)"}[algo]))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"real_pair_{v}"  # not Path.with_suffix: it would cut "0.5.16" to "0.5"
+    if algo != "EAGLE3":
+        stem += f"_{algo.lower()}"
+    if args.draft_epochs is not None:
+        stem += f"_draft{args.draft_epochs}ep"
     (args.out / f"{stem}.json").write_text(json.dumps({"command": cmd, "env": env, "results": results}, indent=1))
     lines = [f"# Real pair: accept length and verify steps per output token, SGLang {v} (issues 18, 19)", "",
-             f"Command: `{cmd}`", "", env + ". SmolLM2-135M-Instruct + its locally trained EAGLE3 draft, held-apart "
-             "prompts as one batch, each round once with its JSON schema and once free. Sums over all measured "
-             "rounds.", "",
-             "| EAGLE3 | mode | answers | finished | parse as JSON | output tokens | verify steps | accept length | "
-             "verify steps / token | ms per verify step (CPU) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        for mode in MODES:
-            a = r["modes"][mode]
-            lines.append(f"| {r['spec']} | {mode} | {a['answers']} | {a['finished']} | {a['parses']} | {a['tokens']} | "
-                         f"{a['verify_steps']} | {a['accept_length']:.3f} | {a['verify_per_token']:.3f} | "
-                         f"{a['ms_per_verify_step']:.0f} |")
+             f"Command: `{cmd}`", "", env + ". SmolLM2-135M-Instruct + its draft, held-apart "
+             "prompts as one batch, each round once with its JSON schema and once free; forced drafts on and off "
+             "in two engines per tree. Sums over all measured rounds. Forced drafts and grammar ms per step: the "
+             "plugin's counters over the measured rounds of that engine (both modes).", "",
+             f"| {algo} | forced drafts | mode | answers | finished | parse as JSON | output tokens | verify steps | "
+             "accept length | verify steps / token | ms per verify step (CPU) | forced proposed / changed / accepted | "
+             "grammar ms per step (sched) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    same: List[str] = []
+    for spec in dict.fromkeys(r["spec"] for r in results):
+        by = {("on" if r["forced"] else "off"): r for r in results if r["spec"] == spec}
+        for onoff, mode in ROWS:
+            if onoff not in by:
+                continue
+            r = by[onoff]
+            a, p = r["modes"][mode], r["plugin"]
+            label = "8 tokens" if r["algorithm"] == "NGRAM" else spec
+            lines.append(f"| {label} | {onoff if r['algorithm'] != 'NGRAM' else 'n/a'} | {mode} | {a['answers']} | {a['finished']} | {a['parses']} | "
+                         f"{a['tokens']} | {a['verify_steps']} | {a['accept_length']:.3f} | "
+                         f"{a['verify_per_token']:.3f} | {a['ms_per_verify_step']:.0f} | "
+                         f"{p['forced_proposed']} / {p['forced_changed']} / {p['forced_accepted']} | "
+                         f"{(p['advance_s_ms'] or 0) + (p['tree_wait_s_ms'] or 0) + (p['mask_s_ms'] or 0):.2f} "
+                         f"({p['sched_s_ms'] or 0:.2f}) |")
+        if "off" not in by:
+            continue
+        on, off = by["on"]["modes"]["json"], by["off"]["modes"]["json"]
+        same.append(f"{spec}: json answers with forced drafts on and off "
+                    f"{'identical' if by['on']['texts']['json'] == by['off']['texts']['json'] else 'DIFFER'}; "
+                    f"verify steps per token {off['verify_per_token']:.3f} -> {on['verify_per_token']:.3f} "
+                    f"({100 * (on['verify_per_token'] / off['verify_per_token'] - 1):+.1f} %), free "
+                    f"{by['on']['modes']['free']['verify_per_token']:.3f}")
+    lines += [""] + [f"- {x}" for x in same]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

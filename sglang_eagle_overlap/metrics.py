@@ -47,6 +47,8 @@ PROMETHEUS_NAMES: Dict[str, str] = {
     "sglang_eagle_overlap:grammar_unhidden_seconds": (
         "Part of the plugin grammar time after the verify forward was ready (sampling waited for the mask)"),
     "sglang_eagle_overlap:mask_timeouts": "Requests whose tree-mask build hit the mask time limit",
+    "sglang_eagle_overlap:forced_drafts_proposed": "Draft tokens replaced by grammar-forced tokens",
+    "sglang_eagle_overlap:forced_drafts_accepted": "Grammar-forced draft tokens accepted by the target verify",
 }
 
 
@@ -148,10 +150,15 @@ class PrometheusExporter:
             self._counters = None
         return self._counters
 
-    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int) -> None:
+    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int, *, forced_proposed: int = 0,
+                     forced_accepted: int = 0) -> None:
         c = self._ensure()
         if c is None:
             return
+        if forced_proposed > 0:
+            c["sglang_eagle_overlap:forced_drafts_proposed"].inc(forced_proposed)
+        if forced_accepted > 0:
+            c["sglang_eagle_overlap:forced_drafts_accepted"].inc(forced_accepted)
         c["sglang_eagle_overlap:grammar_steps"].inc()
         c["sglang_eagle_overlap:grammar_seconds"].inc(grammar_s)
         if unhidden_s > 0:

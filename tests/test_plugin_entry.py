@@ -123,7 +123,7 @@ def test_bad_switch_refuses_loudly_naming_it(monkeypatch, caplog, var, value):
 
 
 def test_settings_are_read_once_into_one_object():
-    from sglang_eagle_overlap.settings import Settings
+    from sglang_eagle_overlap.settings import DEFAULT_FORCED_DRAFTS, Settings
 
     s = Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS": "0", "SGLANG_EAGLE_OVERLAP_MASK_THREADS": "3",
                            "SGLANG_EAGLE_OVERLAP_STATS_FILE": "/x/stats.json", "SGLANG_EAGLE_OVERLAP": "off"})
@@ -134,6 +134,29 @@ def test_settings_are_read_once_into_one_object():
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "0"}).grammar_thread is False
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "maybe"})
+    # the default is the one the settings table documents
+    import sglang_eagle_overlap.settings as settings_mod
+
+    row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS" in line)
+    assert d.forced_drafts is DEFAULT_FORCED_DRAFTS and row.rstrip().endswith("| 1 |" if d.forced_drafts else "| 0 |")
+    for raw, want in (("1", True), ("on", True), ("0", False), ("off", False)):
+        assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": raw}).forced_drafts is want
+    with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS"):
+        Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": "sometimes"})
+
+
+def test_the_runtime_has_forced_drafts_exactly_when_switched_on():
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.settings import Settings
+
+    for on in (True, False):
+        runtime.reset()
+        try:
+            rt = runtime.create(Settings(forced_drafts=on))
+            assert (rt.step.forced is not None) is on
+            assert rt.step.snapshot()["forced_drafts"] is on
+        finally:
+            runtime.reset()
 
 
 def test_patched_sglang_gets_no_hooks(monkeypatch, caplog):

@@ -77,6 +77,17 @@ EDITS: Dict[str, Dict[str, List[Edit]]] = {
             ("from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput\n",
              "from sglang.srt.speculative import grammar_overlap\n"
              "from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput\n"),
+            ("    verify_input: EagleVerifyInput = batch.spec_info\n"
+             "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n",
+             "    verify_input: EagleVerifyInput = batch.spec_info\n"
+             "    eo_rt = grammar_overlap.runtime()\n"
+             "    if eo_rt is not None:  # sglang-eagle-overlap: grammar-forced drafts, before the verify input is built\n"
+             "        grammar_overlap.band.before_verify(eo_rt, batch, verify_input)\n"
+             "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n"),
+            ("    ) = eagle_sample(verify_input, batch, logits_output, vocab_mask)\n",
+             "    ) = eagle_sample(verify_input, batch, logits_output, vocab_mask)\n"
+             "    if verify is not None:  # sglang-eagle-overlap: the accepted node's forced tokens, on the device\n"
+             "        grammar_overlap.band.after_sample(rt, batch, (predict, accept_lens, accept_index))\n"),
             ("    # Prepare grammar data on CPU if needed\n"
              "    if batch.has_grammar:\n",
              "    # sglang-eagle-overlap: async tree copy now, grammar work after the launch.\n"
@@ -139,15 +150,25 @@ EDITS: Dict[str, Dict[str, List[Edit]]] = {
              "    if barrier is not None:\n"),
         ],
         "sglang/srt/speculative/eagle_worker_common.py": [
-            ("    # Must stay ahead of the target verify launch below.\n"
-             "    grammar_tree = (\n",
-             "    # Must stay ahead of the target verify launch below.\n"
+            ("    verify_input: EagleVerifyInput = batch.spec_info\n"
+             "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n",
+             "    verify_input: EagleVerifyInput = batch.spec_info\n"
              "    from sglang.srt.speculative import grammar_overlap\n"
              "\n"
              "    eo_rt = grammar_overlap.runtime()\n"
+             "    if eo_rt is not None:  # sglang-eagle-overlap: grammar-forced drafts, before the verify input is built\n"
+             "        grammar_overlap.band.before_verify(eo_rt, batch, verify_input)\n"
+             "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n"),
+            ("    # Must stay ahead of the target verify launch below.\n"
+             "    grammar_tree = (\n",
+             "    # Must stay ahead of the target verify launch below.\n"
              "    if eo_rt is not None:  # sglang-eagle-overlap: the grammar thread starts at the tree constructor\n"
              "        grammar_overlap.band.hand_over_verify(eo_rt, batch, grammar_barrier)\n"
              "    grammar_tree = (\n"),
+            ("    fused_commit_outputs = predict.is_cuda and not batch.forward_mode.is_idle()\n",
+             "    if eo_rt is not None:  # sglang-eagle-overlap: the accepted node's forced tokens, on the device\n"
+             "        grammar_overlap.band.after_sample(eo_rt, batch, (predict, accept_lens, accept_index))\n"
+             "    fused_commit_outputs = predict.is_cuda and not batch.forward_mode.is_idle()\n"),
         ],
         "sglang/srt/managers/scheduler_components/batch_result_processor.py": [
             ("from sglang.srt.speculative.base_spec_worker import BaseSpecWorker\n",

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Callable, Generic, List, Literal, Optional, Pr
 
 import torch
 
+from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.protocols import WalkMatcher
 
 if TYPE_CHECKING:
@@ -177,12 +178,15 @@ class TreeMaskBuilder:
         vocab_size: int,
         out: Optional[torch.Tensor] = None,
         allow_timeout: bool = True,
+        forced: Optional[ForcedDrafts] = None,
     ) -> TreeMask:
         """Fill the tree mask. Tensors are host tensors shaped ``[bs, n]`` (draft tokens may be flat ``[bs * n]``).
 
         Call after the previous batch's accepted tokens were fed to the matchers (the ledger) and after the verify
         tree's host copy resolved. Returns ``TreeMask(bitmask=None)`` when no request is constrained.
         ``allow_timeout=False`` builds without the time limit, for callers that cannot neutralise drafts.
+        ``forced``: record every valid node's grammar-forced continuation into its table (lockstep walk only; rows
+        of other paths stay empty).
         """
         t0 = time.perf_counter()
         bs = len(requests)
@@ -216,6 +220,8 @@ class TreeMaskBuilder:
         limit = self.time_limit_s if allow_timeout else None
         if self.strategy == "lockstep":
             self._ensure_batch_matchers()
+        if forced is not None:
+            forced.begin(bs * n)
         # The time limit covers the walk and its fills only: one-time set-up (the bitmask buffer's growth -- a pinned
         # allocation on a GPU host --, the fill thread pool) must never make a request drop its drafts.
         clock = self.clock
@@ -227,7 +233,7 @@ class TreeMaskBuilder:
             try:
                 if self.strategy == "lockstep":
                     result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask,
-                                                         deadline, result.timed_out)
+                                                         deadline, result.timed_out, forced)
                 elif self.strategy == "native":
                     result.valid_nodes += self._native(requests, native, retrieve_next_token, retrieve_next_sibling,
                                                        draft_tokens.reshape(bs, n), n, vocab_size, mask, deadline,
@@ -239,6 +245,8 @@ class TreeMaskBuilder:
                                "request", self.strategy, type(exc).__name__, exc)
                 for i in native:
                     _fill_all_allowed(mask[i * n : (i + 1) * n])
+                    if forced is not None:
+                        forced.clear_rows(i * n, (i + 1) * n)
                 result.timed_out.clear()
                 result.valid_nodes = 0
                 generic = generic + native
@@ -316,7 +324,8 @@ class TreeMaskBuilder:
 
     def _lockstep(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt: Sequence[Sequence[int]],
                   sib: Sequence[Sequence[int]], tok: Sequence[Sequence[int]], n: int, vocab_size: int,
-                  mask: torch.Tensor, deadline: Optional[float], timed_out: List[int]) -> int:
+                  mask: torch.Tensor, deadline: Optional[float], timed_out: List[int],
+                  forced: Optional[ForcedDrafts] = None) -> int:
         threaded, serial = self._ensure_batch_matchers()
         min_fills, min_work = self.parallel_min_fills, self.parallel_min_work_s
 
@@ -329,6 +338,9 @@ class TreeMaskBuilder:
             self.native_cpu_s += time.thread_time() - c  # xgrammar releases the GIL inside batched fills
             per_fill = (time.perf_counter() - t) / k * (self.threads if pooled else 1)
             self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
+            if forced is not None:  # each matcher is still in its node's state
+                for m, r in zip(matchers, rows_):
+                    forced.record(m, r)
         mask_np = mask.numpy()
         walkers: List[_Walker[xgr.GrammarMatcher]] = []
         fill_matchers: List[xgr.GrammarMatcher] = []

@@ -40,8 +40,10 @@ class ForwardProbe(Protocol):
 
 
 class StepExporter(Protocol):
-    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int) -> None:
-        """One verify step: grammar seconds, the part of them not hidden by the forward, mask time-limit hits."""
+    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int, *, forced_proposed: int = 0,
+                     forced_accepted: int = 0) -> None:
+        """One verify step: grammar seconds, the part of them not hidden by the forward, mask time-limit hits, and
+        the grammar-forced drafts proposed / accepted since the previous call."""
 
 
 class DeviceEvent(Protocol):

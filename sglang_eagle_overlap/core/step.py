@@ -43,6 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
+from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.ledger import (
     AcceptLedger,
     AdvanceOutcome,
@@ -119,7 +120,8 @@ class _Inert:
     def on_mask_ready(self, t_ready: float) -> float:
         return 0.0
 
-    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int) -> None:
+    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int, *, forced_proposed: int = 0,
+                     forced_accepted: int = 0) -> None:
         pass
 
 
@@ -139,6 +141,7 @@ class GrammarStep:
         log_interval_s: float = 30.0,
         state: Optional[Callable[[], Mapping[str, StatValue]]] = None,
         grammar_thread: bool = False,
+        forced: Optional[ForcedDrafts] = None,
     ) -> None:
         self.copier = HostTreeCopier()
         self.ledger = AcceptLedger()
@@ -160,6 +163,9 @@ class GrammarStep:
         # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
         self.grammar_thread = grammar_thread
         self._executor: Optional[ThreadPoolExecutor] = None
+        # Grammar-forced drafts (issue 19): filled during the build, uploaded with the mask; None = off.
+        self.forced = forced
+        self._forced_seen = (0, 0)  # (proposed, accepted) already reported to the exporter
 
     @property
     def builder(self) -> TreeMaskBuilder:
@@ -258,6 +264,8 @@ class GrammarStep:
         result = job.future.result() if job.future is not None else self._run(job, False)
         t_join = time.perf_counter()
         device_mask = None
+        if self.forced is not None:
+            self.forced.upload(device)
         if result.bitmask is not None:
             device_mask = result.bitmask.to(device, non_blocking=True)
             if device_mask.device.type != "cpu":
@@ -278,7 +286,8 @@ class GrammarStep:
                                unhidden, sched_s=job.submit_s + (t3 - t0),
                                join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s)
         self.stats.count("mask_failures", len(result.failed))
-        self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out))
+        fp, fa = self._forced_delta()
+        self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out), forced_proposed=fp, forced_accepted=fa)
         tl = self.timeline
         if tl.enabled:
             m0, m1, m2, m3 = job.marks
@@ -327,12 +336,20 @@ class GrammarStep:
         bs, n = nxt.shape[0], nxt.shape[-1]
         job.tree_nodes = n
         result = builder.build(job.requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
-                               job.vocab_size, allow_timeout=job.allow_timeout)
+                               job.vocab_size, allow_timeout=job.allow_timeout, forced=self.forced)
         t3 = time.perf_counter()
         job.marks = (t0, t1, t2, t3)
         if on_helper:
             job.gil_s = max(0.0, (time.thread_time() - cpu0) - (builder.native_cpu_s - native0))
         return result
+
+    def _forced_delta(self) -> Tuple[int, int]:
+        """Forced drafts proposed / accepted since the last call (for the exporter's counters)."""
+        if self.forced is None:
+            return 0, 0
+        now = (self.forced.proposed, self.forced.accepted)
+        seen, self._forced_seen = self._forced_seen, now
+        return now[0] - seen[0], now[1] - seen[1]
 
     def close(self) -> None:
         """Join the grammar thread (tests; a worker process simply exits)."""
@@ -370,6 +387,11 @@ class GrammarStep:
             "join_wait_s": s.join_wait_s,
             "helper_gil_s": s.helper_gil_s,
             "grammar_thread": self.grammar_thread,
+            "forced_drafts": self.forced is not None,
+            "forced_proposed": self.forced.proposed if self.forced is not None else 0,
+            "forced_changed": self.forced.changed if self.forced is not None else 0,
+            "forced_accepted": self.forced.accepted if self.forced is not None else 0,
+            "forced_nodes": self.forced.recorded_nodes if self.forced is not None else 0,
             "tokens_advanced": self.ledger.tokens_fed,
             "ledger_requests": len(self.ledger),
             "pinned_allocations": self.copier.pinned_allocations,
@@ -394,10 +416,14 @@ class GrammarStep:
             logger.info(
                 "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait "
                 "%.3f, mask %.3f), on the scheduler thread %.3f ms (grammar thread %s: join wait %.3f, its GIL time "
-                "<= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; ledger %d requests; %s",
+                "<= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; forced drafts %s (%d proposed, "
+                "%d changed, %d accepted); ledger %d requests; %s",
                 s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["sched_ms"],
                 "on" if self.grammar_thread else "off", m["join_wait_ms"], m["helper_gil_ms"], m["unhidden_ms"],
-                s.mask_timeouts, len(self.ledger), s.counters,
+                s.mask_timeouts, "on" if self.forced is not None else "off",
+                self.forced.proposed if self.forced is not None else 0,
+                self.forced.changed if self.forced is not None else 0,
+                self.forced.accepted if self.forced is not None else 0, len(self.ledger), s.counters,
             )
         self.write_stats()
 

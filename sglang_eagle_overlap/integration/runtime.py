@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Set, Union
 
+from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.settings import Settings, SettingsError
 
@@ -64,6 +65,7 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         log_interval_s=settings.log_interval_s,
         state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
         grammar_thread=settings.grammar_thread,
+        forced=ForcedDrafts() if settings.forced_drafts else None,
     )
     rt = Runtime(settings=settings, step=step, origin=origin)
     holder.append(rt)

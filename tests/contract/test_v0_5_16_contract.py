@@ -360,3 +360,18 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     assert band.advance_queued_results(rt, sched.result_queue) == 0 and fed() == want
     for key in ("b-A", "b-D"):
         step.ledger.forget(key)
+
+
+def test_forced_drafts_contract():
+    """Grammar-forced drafts rely on: run_eagle_verify's entry (the hook's before_verify) preceding
+    eagle_prepare_for_verify, which makes the draft tokens the target's input; eagle_sample's third result being
+    the accepted nodes' flat rows (from retrieve_index); the verify input carrying topk and draft_token."""
+    from sglang.srt.speculative import eagle_utils, eagle_worker_common
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    verify_src = inspect.getsource(eagle_worker_common.run_eagle_verify)
+    assert "accept_index,\n    ) = eagle_sample(" in verify_src
+    assert 0 < verify_src.find("eagle_prepare_for_verify(") < verify_src.find("eagle_sample(")
+    assert "verify_input.draft_token" in inspect.getsource(eagle_utils.eagle_prepare_for_verify)
+    assert "retrive_index=verify_input.retrieve_index" in inspect.getsource(eagle_utils.eagle_sample)
+    assert {"topk", "draft_token", "retrieve_next_token"} <= set(EagleVerifyInput.__dataclass_fields__)

@@ -77,6 +77,19 @@ def test_run_eagle_verify_contract(loaded):
         assert loaded["callers"][f"sglang.srt.speculative.{caller}.run_eagle_verify"], caller
 
 
+# -- hook eagle_sample: eagle_utils.eagle_sample (AROUND), grammar-forced drafts ---------------------------------------
+def test_eagle_sample_contract(loaded):
+    p = loaded["pinned"]
+    assert p["eagle_sample"].startswith("(verify_input, batch, logits_output, grammar_mask"), p["eagle_sample"]
+    # the hook takes result[2] as the accepted nodes' flat rows (b * n + node, from retrieve_index)
+    assert p["verify_unpacks_accept_index"] and p["sample_accept_index_from_retrieve_index"]
+    # run_eagle_verify's entry (where the forced drafts go in) precedes the verify input's preparation from them
+    assert p["verify_prepares_after_entry"] and p["prepare_reads_draft_token"]
+    assert p["verify_input_fields"]
+    assert loaded["targets"]["sglang.srt.speculative.eagle_utils.eagle_sample"]
+    assert loaded["callers"]["sglang.srt.speculative.eagle_worker_common.eagle_sample"]
+
+
 def test_overlap_stays_on_for_eagle3_grammar_batches(loaded):
     # 0.5.23 keeps grammar decode batches overlapped for EAGLE/EAGLE3 on its own; the adapter relies on it.
     assert loaded["pinned"]["eagle3_grammar_overlap"] is True

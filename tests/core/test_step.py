@@ -76,7 +76,8 @@ class Exporter:
     def __init__(self) -> None:
         self.steps: List[Tuple[float, float, int]] = []
 
-    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int) -> None:
+    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int, *, forced_proposed: int = 0,
+                     forced_accepted: int = 0) -> None:
         self.steps.append((grammar_s, unhidden_s, timeouts))
 
 
@@ -425,8 +426,8 @@ def test_log_line_carries_the_per_step_numbers(clock, caplog):
                         device=CPU, barrier=barrier)
     (line,) = _lines(caplog)
     for part in ("sglang-eagle-overlap: 1 grammar verify steps; per step: grammar 3.000 ms (advance 1.000, tree wait "
-                 "2.000, mask 0.000)", "not hidden by the forward 250.000 ms; 0 mask time-limit hits; ledger 1 "
-                 "requests; ", "'aborts': 2", "'ledger_resets': 0"):
+                 "2.000, mask 0.000)", "not hidden by the forward 250.000 ms; 0 mask time-limit hits; forced drafts "
+                 "off (0 proposed, 0 changed, 0 accepted); ledger 1 requests; ", "'aborts': 2", "'ledger_resets': 0"):
         assert part in line, (part, line)
 
 

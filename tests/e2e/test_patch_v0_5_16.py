@@ -36,7 +36,8 @@ def test_patched_copy_engine_token_identical_and_overlapped(engine_pool, tmp_pat
 
     engine_pool.close()  # one engine at a time
     got, stats, log_tail = run_cases_on_patched_server(root, tmp_path, CASES,
-                                                       {"SGLANG_EAGLE_OVERLAP_STATS_FILE": str(mark)})
+                                                       {"SGLANG_EAGLE_OVERLAP_STATS_FILE": str(mark),
+                                                        "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": "1"})
 
     # The patched verify path ran in the scheduler process: barrier fed tokens, post-processing replayed them.
     assert mark.exists(), f"the patched build_vocab_mask never ran:\n{log_tail}"
@@ -45,6 +46,9 @@ def test_patched_copy_engine_token_identical_and_overlapped(engine_pool, tmp_pat
     assert marks["origin"] == "patched-sglang" and marks["active"], marks  # the plugin added no hooks
     assert marks["steps"] > 0 and marks["tokens_advanced"] > 0 and marks["replays"] > 0, marks
     assert marks["aborts"] == 0 and marks["barrier_runs"] > 0, marks
+    # grammar-forced drafts switched on: the patched verify recorded forced continuations (the random pair's target
+    # seldom writes them the tokenizer's way, so replacements are not required here; tests/e2e/test_real_model.py)
+    assert marks["forced_drafts"] is True and marks["forced_nodes"] > 0, marks
     # No grammar decode batch was forced out of overlap.
     assert stats.get("runtime_errors") == [], stats
     assert stats.get("overlap_enabled") is True, stats

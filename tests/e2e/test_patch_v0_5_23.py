@@ -31,11 +31,15 @@ def test_patched_copy_engine_token_identical(engine_pool, tmp_path):
 
     engine_pool.close()  # one engine at a time
     got, stats, log_tail = run_cases_on_patched_server(root, tmp_path, CASES,
-                                                       {"SGLANG_EAGLE_OVERLAP_STATS_FILE": str(mark)})
+                                                       {"SGLANG_EAGLE_OVERLAP_STATS_FILE": str(mark),
+                                                        "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": "1"})
     assert mark.exists(), f"the patched build_grammar_vocab_mask never ran:\n{log_tail}"
     marks = json.loads(mark.read_text())
     assert marks["origin"] == "patched-sglang" and marks["active"], marks  # the plugin added no hooks
     assert marks["steps"] > 0 and marks["tokens_advanced"] > 0 and marks["pid"] == stats.get("pid"), (marks, stats)
+    # grammar-forced drafts switched on: the patched verify recorded forced continuations (the random pair's target
+    # seldom writes them the tokenizer's way, so replacements are not required here; tests/e2e/test_real_model.py)
+    assert marks["forced_drafts"] is True and marks["forced_nodes"] > 0, marks
     assert stats.get("runtime_errors") == [], stats
     for case in CASES:
         assert len(got[case]) == len(want[case]), case

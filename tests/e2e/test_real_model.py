@@ -11,7 +11,9 @@ What a real byte-level BPE vocabulary and a real model bring that the toy pairs 
 * sampling (temperature 0.8, plugin on): every output is accepted by its grammar;
 * the forced-sync count: with the plugin no grammar decode batch leaves the overlap; without it 0.5.16 forces every
   one out and 0.5.23 none (as in ``test_plugin_equivalence``);
-* the drafts are really accepted (more than one token per verify step on the constrained batch).
+* the drafts are really accepted (more than one token per verify step on the constrained batch);
+* with the plugin, grammar-forced drafts (issue 19) are switched on and do replace drafts the draft model proposed
+  (some accepted): the identity above holds with them.
 
 Engine starts per SGLang version: 4 (non-speculative, topk1 plugin on, topk1 plugin off, topk4 plugin on), all
 sharing the results through the session's pool. The model is built once per machine by
@@ -123,7 +125,9 @@ def _run(engine_pool, cfg: EngineConfig, sampling: bool = False):
 
 
 def _cfg(spec, plugin: bool) -> EngineConfig:
-    return EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=plugin)
+    # With the plugin, grammar-forced drafts (issue 19) on whatever the default: identity is checked with them.
+    return EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=plugin,
+                        forced_drafts=True if plugin and spec is not None else None)
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +203,10 @@ def test_eagle3_greedy_token_identical_to_nonspec(engine_pool, sglang_version, b
         assert plugin_stats["pid"] != os.getpid()
         assert plugin_stats["aborts"] == 0 and plugin_stats["ledger_resets"] == 0, plugin_stats
         assert disabled == 0, runtime
+        # Grammar-forced drafts ran and replaced drafts: the identity above holds with them.
+        assert plugin_stats["forced_drafts"] is True, plugin_stats
+        assert plugin_stats["forced_proposed"] >= plugin_stats["forced_accepted"] > 0, plugin_stats
+        assert plugin_stats["forced_changed"] > 0, plugin_stats
     else:
         assert plugin_stats is None, plugin_stats
         if sglang_version[:3] == (0, 5, 16):

@@ -81,6 +81,7 @@ class EngineConfig:
     vocab_size: int = 4096
     max_running_requests: int = 8
     tp_size: int = 1  # > 1: one scheduler process per TP rank, collectives over gloo (see cpu_env)
+    forced_drafts: Optional[bool] = None  # SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS for the product plugin (None: its default)
     extra: tuple[tuple[str, Any], ...] = ()  # further sglang.Engine keyword arguments
 
     def describe(self) -> str:
@@ -90,6 +91,7 @@ class EngineConfig:
             f"-{'product' if self.product_plugin else 'stock'}"
             + (f"-reasoning-{self.reasoning_parser}" if self.reasoning_parser else "")
             + (f"-tp{self.tp_size}" if self.tp_size > 1 else "")
+            + ("" if self.forced_drafts is None else f"-forced{'on' if self.forced_drafts else 'off'}")
         )
 
 
@@ -116,15 +118,22 @@ def model_pair(cfg: EngineConfig) -> models.ModelPair:
 
 
 def _real_pair(cfg: EngineConfig) -> models.ModelPair:
-    """SmolLM2-135M-Instruct and its locally trained EAGLE3 draft (built once, cached; see
-    :mod:`sglang_eo_dev.real_model`)."""
-    if cfg.spec is not None and cfg.algorithm != "EAGLE3":
-        raise ValueError(f"pair 'smollm2' has an EAGLE3 draft only, not {cfg.algorithm}")
+    """SmolLM2-135M-Instruct and its drafts (built once, cached; see :mod:`sglang_eo_dev.real_model`): EAGLE3 (trained
+    locally), STANDALONE (a layer-truncated copy of the target, untrained), NGRAM (no draft model)."""
+    if cfg.spec is not None and cfg.algorithm not in ("EAGLE3", "STANDALONE", "NGRAM"):
+        raise ValueError(f"pair 'smollm2' has EAGLE3, STANDALONE and NGRAM drafts, not {cfg.algorithm}")
     from sglang_eo_dev.real_model.build import build_all
 
     paths = build_all()
+    draft = paths["eagle3"]
+    if cfg.spec is not None and cfg.algorithm == "STANDALONE":
+        from sglang_eo_dev.real_model.standalone import build_standalone
+
+        draft = str(build_standalone(Path(paths["target"])))
+    elif cfg.spec is not None and cfg.algorithm == "NGRAM":
+        draft = ""
     cfgj = json.loads((Path(paths["target"]) / "config.json").read_text())
-    return models.ModelPair(paths["target"], paths["eagle3"], int(cfgj["vocab_size"]), int(cfgj["eos_token_id"]))
+    return models.ModelPair(paths["target"], draft, int(cfgj["vocab_size"]), int(cfgj["eos_token_id"]))
 
 
 def _think_pair(cfg: EngineConfig) -> models.ModelPair:
@@ -147,6 +156,7 @@ def _think_pair(cfg: EngineConfig) -> models.ModelPair:
 
 
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+FORCED_ENV = "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS"  # the product plugin's forced-draft switch (EngineConfig.forced_drafts)
 
 
 def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
@@ -160,9 +170,11 @@ def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
     return "|".join(str(r % cores) for r in range(ranks))
 
 
-def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1) -> dict[str, str]:
+def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1,
+            forced_drafts: Optional[bool] = None) -> dict[str, str]:
     """The environment variables (to add to ``os.environ``) an SGLang CPU test process needs; ``ranks`` > 1 (TP)
-    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`)."""
+    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`); ``forced_drafts`` sets the plugin's forced-draft switch
+    (None: unset, the plugin's default)."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if SITE_DIR not in paths:
         paths.insert(0, SITE_DIR)
@@ -178,13 +190,18 @@ def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, rank
         env[STATS_ENV] = str(stats_file)
     if ranks > 1:
         env[THREADS_BIND_ENV] = threads_bind(ranks)
+    if forced_drafts is not None:
+        env[FORCED_ENV] = "1" if forced_drafts else "0"
     return env
 
 
-def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1) -> None:
+def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1,
+                  forced_drafts: Optional[bool] = None) -> None:
     """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it), drop what an earlier
     configuration set and this one does not, and make the torchvision shim active in this process."""
-    os.environ.update(cpu_env(stats_file, product_plugin, ranks))
+    os.environ.update(cpu_env(stats_file, product_plugin, ranks, forced_drafts))
+    if forced_drafts is None:
+        os.environ.pop(FORCED_ENV, None)
     if not stats_file:
         os.environ.pop(STATS_ENV, None)
     if ranks <= 1:
@@ -230,7 +247,7 @@ def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) ->
 def start_engine(cfg: EngineConfig, stats_file: Optional[str] = None):
     """Start an in-process ``sglang.Engine``. The caller must run under ``if __name__ == "__main__"`` or pytest (the
     scheduler is spawned) and call ``.shutdown()``."""
-    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size)
+    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts)
     if stats_file:
         from sglang_eagle_overlap.core.stats import rank_stats_path
 
@@ -302,7 +319,7 @@ def launch_server(
     pair = model_pair(cfg)
     port = free_port()
     env = dict(os.environ)
-    env.update(cpu_env(stats_file, cfg.product_plugin, cfg.tp_size))
+    env.update(cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts))
     if cfg.tp_size <= 1:
         env.pop(THREADS_BIND_ENV, None)
     if not stats_file:

@@ -35,7 +35,8 @@ def pinned_facts() -> dict:
     from sglang.srt.managers import scheduler as sched
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
     from sglang.srt.speculative import eagle_worker_common as ewc
-    from sglang.srt.speculative import spec_utils
+    from sglang.srt.speculative import eagle_utils, spec_utils
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     gt = spec_utils.GrammarTree
@@ -63,6 +64,17 @@ def pinned_facts() -> dict:
         ),
         "barrier_calls_advance": "advance_grammar_fsm(" in inspect.getsource(sched.Scheduler._advance_pending_grammar),
         "eagle3_grammar_overlap": bool(SpeculativeAlgorithm.EAGLE3.supports_grammar_overlap()),
+        # grammar-forced drafts: eagle_sample's third result is the accepted nodes' flat rows; the hook's entry
+        # precedes eagle_prepare_for_verify, which makes the draft tokens the target's input.
+        "eagle_sample": _sig(eagle_utils.eagle_sample),
+        "verify_unpacks_accept_index": "accept_index,\n    ) = eagle_sample(" in verify_src,
+        "sample_accept_index_from_retrieve_index": "retrieve_index=verify_input.retrieve_index"
+        in inspect.getsource(eagle_utils.eagle_sample),
+        "verify_prepares_after_entry": 0 < verify_src.find("eagle_prepare_for_verify(")
+        < verify_src.find("GrammarTree.from_device("),
+        "prepare_reads_draft_token": "verify_input.draft_token" in inspect.getsource(eagle_utils.eagle_prepare_for_verify),
+        "verify_input_fields": all(f in EagleVerifyInput.__dataclass_fields__ for f in ("topk", "draft_probs",
+                                                                                       "draft_token")),
         "result_has_grammar_fields": all(
             f in inspect.getsource(brp.SchedulerBatchResultProcessor.advance_grammar_fsm)
             for f in ("grammar_advanced", "grammar_retained_tokens", "inflight_middle_chunks", "is_retracted")

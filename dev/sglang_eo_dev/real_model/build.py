@@ -25,12 +25,14 @@ SEED = 0
 LR = 3e-3
 
 
-def build_eagle3(target_dir: Path) -> Path:
-    """The trained EAGLE3 draft for ``target_dir`` (generation + training on CPU, once per machine)."""
+def build_eagle3(target_dir: Path, epochs: int = EPOCHS) -> Path:
+    """The trained EAGLE3 draft for ``target_dir`` (generation + training on CPU, once per machine). ``epochs`` other
+    than :data:`EPOCHS` gives a less (or more) trained draft in its own folder (benchmarks: drafts of other quality;
+    the training data is generated once more for it)."""
     here = Path(__file__).resolve().parent
     key = "smollm2-eagle3-" + hashlib.sha256(
         (target_dir.name + target.code_hash(here / "eagle3.py", here / "prompts.py", Path(__file__))
-         + json.dumps([data.GEN_VERSION, DATA_ROUNDS, MAX_NEW_TOKENS, EPOCHS, SEED, LR])).encode()).hexdigest()[:12]
+         + json.dumps([data.GEN_VERSION, DATA_ROUNDS, MAX_NEW_TOKENS, epochs, SEED, LR])).encode()).hexdigest()[:12]
 
     def build(out: Path) -> None:
         import torch
@@ -42,7 +44,7 @@ def build_eagle3(target_dir: Path) -> Path:
         t1 = time.monotonic()
         n_gen = sum(len(s.ids) - s.prompt_len for s in samples)
         target.log(f"data: {len(samples)} sequences, {n_gen} generated tokens in {t1 - t0:.0f} s")
-        state, hot, cfg, stats = eagle3.train(samples, target_dir, EPOCHS, seed=SEED, lr=LR)
+        state, hot, cfg, stats = eagle3.train(samples, target_dir, epochs, seed=SEED, lr=LR)
         eagle3.save_draft(out, state, hot, cfg, target_dir)
         stats.update(generate_s=round(t1 - t0, 1), sequences=len(samples), generated_tokens=n_gen)
         (out / "training.json").write_text(json.dumps(stats, indent=2))
@@ -51,19 +53,20 @@ def build_eagle3(target_dir: Path) -> Path:
     return target.cached(key, build)
 
 
-def build_all() -> dict[str, str]:
+def build_all(epochs: int = EPOCHS) -> dict[str, str]:
     t = target.build_target()
-    return {"target": str(t), "eagle3": str(build_eagle3(t))}
+    return {"target": str(t), "eagle3": str(build_eagle3(t, epochs))}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true", help="print the paths as JSON on stdout")
+    ap.add_argument("--epochs", type=int, default=EPOCHS, help=f"draft training epochs (default {EPOCHS})")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)  # 2 threads on a busy 2-core machine were several times slower than 1
-    paths = build_all()
+    paths = build_all(args.epochs)
     print(json.dumps(paths) if args.json else "\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core.step import MaskJob
+from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
     abort_mask_failed,
     accept_run,
@@ -54,7 +55,9 @@ __all__ = [
     "accept_prefill_token",
     "accept_tokens",
     "advance_queued_results",
+    "after_sample",
     "algorithm_name",
+    "before_verify",
     "begin_verify",
     "build_vocab_mask",
     "can_mask",
@@ -137,9 +140,7 @@ def announce_stand_aside(rt: Runtime, batch: Any) -> None:
 # -- worker side (run_eagle_verify) ---------------------------------------------------------------------------------
 def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyStep]:
     """Before the target-verify launch: start the verify tree's async host copy. None: SGLang's own path."""
-    if not getattr(batch, "has_grammar", False) or not is_eagle_family(batch):
-        return None
-    if batch.forward_mode.is_idle():
+    if not getattr(batch, "has_grammar", False) or not is_eagle_family(batch) or batch.forward_mode.is_idle():
         return None
     if not can_mask(batch):
         rt.step.count("fallback_steps")
@@ -153,6 +154,20 @@ def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyS
     job = rt.step.start_build(mask_requests(reqs), pending, vocab_size=batch.sampling_info.vocab_size,
                               barrier=lambda: advance_queued_results(rt, queue, reqs), allow_timeout=True)
     return VerifyStep(batch=batch, job=job)
+
+
+def before_verify(rt: Runtime, batch: Any, verify_input: Any) -> None:
+    """``run_eagle_verify`` entry, before ``eagle_prepare_for_verify`` builds the target's input from the draft tokens
+    (and before :func:`begin_verify`): grammar-forced drafts replace the top-path drafts of a step the plugin will own
+    (:func:`~sglang_eagle_overlap.integration.drafts.before_verify`); any other verify drops the previous picks."""
+    owned = (getattr(batch, "has_grammar", False) and is_eagle_family(batch) and not batch.forward_mode.is_idle()
+             and can_mask(batch))
+    drafts.before_verify(rt, batch, verify_input, owned=bool(owned))
+
+
+def after_sample(rt: Runtime, batch: Any, sample_result: Any) -> None:
+    """Right after ``eagle_sample`` of a plugin-owned step: the accepted node's forced tokens, picked on the device."""
+    drafts.after_sample(rt, batch, sample_result)
 
 
 def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: Any) -> Optional[torch.Tensor]:

@@ -6,7 +6,9 @@ which host grammar work overlaps the GPU forward.
 How: for a plugin-owned step (in flight from ``run_eagle_verify``'s hook, for this batch): restore
 ``batch.has_grammar``, then :func:`~.band.build_vocab_mask` (barrier advance through the ledger, tree copy wait,
 native mask, non-blocking upload, unmasked drafts neutralised, failed requests aborted alone) and call the original
-with that mask. Everything else (ngram worker, unconstrained batches, plugin inactive) passes straight through.
+with that mask; after it returns, the grammar-forced drafts pick the accepted node's row on the device
+(:func:`~.band.after_sample`). Everything else (ngram worker, unconstrained
+batches, plugin inactive) passes straight through.
 
 Upstream state: 0.5.17 runs ``build_grammar_vocab_mask(..., barrier=Scheduler._advance_pending_grammar)`` here.
 
@@ -38,7 +40,9 @@ def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, lo
         return original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
     cur.restore()
     vocab_mask = band.build_vocab_mask(rt, cur.verify, verify_input, batch)
-    return original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
+    result = original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
+    band.after_sample(rt, batch, result)  # grammar-forced drafts: the accepted node's row, on the device
+    return result
 
 
 HOOK = Hook(

@@ -3,7 +3,8 @@
 Why: 0.5.16 copies the verify tree to the host with a blocking ``.cpu()`` before the target-verify launch and builds
 the grammar mask with a Python DFS after it, both guarded by ``batch.has_grammar``.
 
-How: on entry (before the launch) :func:`~.band.begin_verify` starts the asynchronous host copy; the step is kept on
+How: on entry (before the launch) :func:`~.band.before_verify` puts the grammar-forced drafts into the tree, then
+:func:`~.band.begin_verify` starts the asynchronous host copy; the step is kept on
 the runtime (``rt.in_flight``) for the two inner hooks of this same call: ``eagle_prepare_for_verify`` hides
 ``has_grammar`` so SGLang skips its blocking copy and its own mask, and ``eagle_sample`` builds the plugin's mask
 (:func:`~.band.build_vocab_mask`). The ``finally`` restores ``has_grammar`` and clears the hand-off whatever happens.
@@ -53,6 +54,8 @@ def in_flight_for(rt: Optional[runtime.Runtime], batch: Any) -> Optional[InFligh
 # ``batch`` (SGLang's ScheduleBatch) and the return value are SGLang's objects: Any (SGLang ships no types).
 def run_eagle_verify(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
+    if rt is not None:
+        band.before_verify(rt, batch, batch.spec_info)  # grammar-forced drafts, before the verify input is built
     verify = None if rt is None else band.begin_verify(rt, batch, batch.spec_info)
     if rt is None or verify is None:
         return original(batch, *args, **kwargs)

@@ -6,6 +6,7 @@
 | ``build_grammar_vocab_mask`` | ``spec_utils.build_grammar_vocab_mask`` | AROUND |
 | ``advance_grammar_fsm`` | ``SchedulerBatchResultProcessor.advance_grammar_fsm`` | AROUND |
 | ``run_eagle_verify`` | ``eagle_worker_common.run_eagle_verify`` | AROUND |
+| ``eagle_sample`` | ``eagle_utils.eagle_sample`` | AROUND |
 
 The integration itself is :mod:`.band`, which the vendored patch calls too; the hook modules only translate
 SGLang's calls into it.
@@ -32,6 +33,7 @@ from typing import Any, Tuple
 from sglang_eagle_overlap.adapters.v0_5_23 import (
     advance_grammar_fsm,
     build_grammar_vocab_mask,
+    eagle_sample,
     grammar_tree,
     run_eagle_verify,
 )
@@ -44,6 +46,7 @@ HOOKS: Tuple[Hook, ...] = (
     build_grammar_vocab_mask.HOOK,
     advance_grammar_fsm.HOOK,
     run_eagle_verify.HOOK,
+    eagle_sample.HOOK,
 )
 
 

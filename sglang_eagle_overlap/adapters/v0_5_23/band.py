@@ -28,12 +28,12 @@ from torch.types import Device
 
 from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
-from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration import drafts, runtime
 from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, committed_runs, mask_requests
 from sglang_eagle_overlap.integration.runtime import Runtime
 
-__all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "build_grammar_vocab_mask", "hand_over_verify",
-           "output_stride", "patched_grammar_tree", "start_grammar_job"]
+__all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "after_sample", "before_verify",
+           "build_grammar_vocab_mask", "hand_over_verify", "output_stride", "patched_grammar_tree", "start_grammar_job"]
 
 # Every ``Any`` below is one of SGLang's objects (its GrammarTree class, Req, SamplingBatchInfo, GrammarMask, batches
 # and results): SGLang ships no types.
@@ -115,6 +115,21 @@ def hand_over_verify(rt: Runtime, batch: Any, barrier: Any) -> Optional[VerifyCo
         return None
     ctx = rt.in_flight = VerifyContext(batch=batch, barrier=barrier)
     return ctx
+
+
+def before_verify(rt: Runtime, batch: Any, verify_input: Any) -> None:
+    """``run_eagle_verify`` entry, before ``eagle_prepare_for_verify`` builds the target's input from the draft tokens:
+    grammar-forced drafts replace the top-path drafts of a grammar step (every grammar verify is the plugin's on this
+    band); a verify without a grammar drops the previous picks
+    (:func:`~sglang_eagle_overlap.integration.drafts.before_verify`)."""
+    owned = bool(getattr(batch, "has_grammar", False)) and not batch.forward_mode.is_idle()
+    drafts.before_verify(rt, batch, verify_input, owned=owned)
+
+
+def after_sample(rt: Runtime, batch: Any, sample_result: Any) -> None:
+    """Right after ``eagle_sample`` of a grammar step: the accepted node's forced tokens, picked on the device."""
+    if getattr(batch, "has_grammar", False):
+        drafts.after_sample(rt, batch, sample_result)
 
 
 def start_grammar_job(rt: Runtime, tree: PluginGrammarTree) -> Optional[MaskJob]:

@@ -10,7 +10,9 @@ How: on entry, :func:`~.band.hand_over_verify` puts a :class:`~.band.VerifyConte
 ``grammar_barrier`` keyword) on the runtime for the duration of this one call (the vendored patch makes the same call
 right before ``GrammarTree.from_device``); ``PluginGrammarTree.from_device`` reads it and starts the job
 (:func:`~.band.start_grammar_job`); ``build_grammar_vocab_mask`` joins it. The ``finally`` clears the hand-off
-whatever happens. Batches without a grammar pass straight through; whether the job runs on the grammar thread or
+whatever happens. Before the original runs, the grammar-forced drafts replace the top-path drafts
+(:func:`~.band.before_verify`; ``eagle_prepare_for_verify`` then copies them into
+the target's input). Batches without a grammar pass straight through; whether the job runs on the grammar thread or
 inline after the launch is ``GrammarStep``'s decision.
 
 Upstream state: 0.5.23 runs the barrier inside ``build_grammar_vocab_mask``, after the launch, on the scheduler
@@ -34,7 +36,12 @@ TARGET = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
 def run_eagle_verify(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
     ctx = None if rt is None else band.hand_over_verify(rt, batch, kwargs.get("grammar_barrier"))
-    if rt is None or ctx is None:
+    if rt is None:
+        return original(batch, *args, **kwargs)
+    # Grammar-forced drafts replace top-path drafts before eagle_prepare_for_verify makes them the target's input
+    # (a step without a grammar drops the previous step's picks).
+    band.before_verify(rt, batch, getattr(batch, "spec_info", None))
+    if ctx is None:
         return original(batch, *args, **kwargs)
     try:
         return original(batch, *args, **kwargs)

@@ -1,0 +1,260 @@
+"""Grammar-forced continuations as drafts (issue 19), engine-agnostic.
+
+A JSON schema decides much of the output (keys, quotes, colons, brackets). While step N's tree mask is built, every
+valid node's matcher state is at hand, so the grammar's forced continuation after each node is cheap to ask for:
+xgrammar's ``find_jump_forward_string``, tokenized the way the model writes it alone (``encode``), the last token
+held back (it could merge with what follows). Which node step N accepts is known only on the device after the
+verify, so the per-node table goes up with the mask and the device picks the accepted node's row (a gather, no host
+sync). Step N+1's draft tree then gets those tokens on its top path (the first-child chain from the root), in place
+of what the draft model proposed, before the target verify reads them.
+
+Call order per verify step (one process, the host's scheduler thread unless noted)::
+
+    forced.apply(draft_token, next_token, rids, draft_probs_used)   # step N+1, before the verify prepares its input
+    ... tree copy, grammar job: forced.record(matcher, row) per valid node (the grammar thread, during the mask) ...
+    forced.upload(device)                                            # with the mask, after the join
+    forced.after_verify(accept_index, rids)                          # right after the host's verify sampling
+
+Exact by construction: a forced draft is a draft like any other, checked by the target verify under the grammar
+mask; one the target does not choose is rejected. The override is used only when the root of step N+1's tree (the
+token step N committed last) equals the first forced token, i.e. the target wrote the forced text the way ``encode``
+does; after a retraction, a new request or a changed batch the request's row is simply absent (no override).
+Tokens stay within the vocabulary (they come from the model's tokenizer). Not used when the host verifies with the
+draft's own probabilities (rejection sampling: a replaced draft would carry the wrong probability).
+
+Invariants: ``record`` only writes rows of the current build's table; ``after_verify`` consumes the uploaded table
+of the same step; ``apply`` consumes what the previous ``after_verify`` kept, at most once. Counters (``proposed``:
+drafts replaced; ``changed``: of those, where the draft model had proposed another token; ``accepted``) accumulate on the device and are mirrored to the host without a sync (they may lag one step on a GPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from torch.types import Device
+
+__all__ = ["Encoder", "ForcedDrafts", "JumpForward", "stable_tokens"]
+
+Encoder = Callable[[str], Sequence[int]]
+_CACHE_MAX = 8192
+
+
+class JumpForward(Protocol):
+    """What :meth:`ForcedDrafts.continuation` asks of a matcher (xgrammar's ``GrammarMatcher``)."""
+
+    def find_jump_forward_string(self) -> str: ...
+
+
+# What may follow a forced string: a letter, a digit, a space, a quote, a bracket. A token of ``encode(s)`` that
+# ``encode(s + probe)`` does not keep for some probe could merge with what the model writes next: held back.
+_PROBES = ("a", "A", "1", " ", '"', "{", "[", "}", "]", ",", "\n")
+
+
+def stable_tokens(encode: Encoder, s: str) -> Tuple[int, ...]:
+    """``encode(s)`` without its tail tokens that could merge with what follows: the longest prefix that
+    ``encode(s + p)`` keeps for every probe ``p`` (letters, digits, space, quote, brackets, comma, newline)."""
+    toks = tuple(int(t) for t in encode(s))
+    keep = len(toks)
+    for probe in _PROBES:
+        longer = encode(s + probe)
+        k = 0
+        while k < keep and k < len(longer) and int(longer[k]) == toks[k]:
+            k += 1
+        keep = k
+        if keep == 0:
+            break
+    return toks[:keep]
+
+
+class ForcedDrafts:
+    """Per-process forced-draft state: the encoder and its cache, this step's host table, the previous step's picked
+    rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node)."""
+
+    def __init__(self, width: int = 8) -> None:
+        if width < 2:
+            raise ValueError(f"forced-draft width must be >= 2 (the root check and one draft), got {width}")
+        self.width = width
+        self.encode: Optional[Encoder] = None
+        self._cache: Dict[str, Tuple[int, ...]] = {}
+        self._host: Optional[npt.NDArray[np.int32]] = None  # [rows, width] of the build in progress
+        self._rows = 0
+        self._table: Optional[torch.Tensor] = None  # this step's table on the device, until after_verify
+        self._picked: Optional[Tuple[Tuple[str, ...], torch.Tensor, int]] = None  # (rids, [bs, width], depth)
+        # this step's (proposed, changed) counts and [bs * n] nodes apply() replaced, until after_verify
+        self._written: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._counts: Optional[torch.Tensor] = None  # device int64 [3]: proposed, changed, accepted
+        self._mirror = torch.zeros(3, dtype=torch.int64)  # host copy of _counts (non-blocking on a GPU)
+        self.recorded_nodes = 0  # host: nodes with a non-empty continuation since start
+        self._pos_cache: Dict[Tuple[int, int, int, str], torch.Tensor] = {}
+
+    # -- counters ------------------------------------------------------------------------------------------------
+    @property
+    def proposed(self) -> int:
+        """Draft tokens replaced by forced tokens since start."""
+        return int(self._mirror[0])
+
+    @property
+    def changed(self) -> int:
+        """Of those, tokens that differ from what the draft model had proposed there."""
+        return int(self._mirror[1])
+
+    @property
+    def accepted(self) -> int:
+        """Of the replaced tokens, those the target verify accepted."""
+        return int(self._mirror[2])
+
+    def _add(self, counts: torch.Tensor) -> None:
+        if self._counts is None or self._counts.device != counts.device:
+            self._counts = torch.zeros(3, dtype=torch.int64, device=counts.device)
+            if counts.device.type != "cpu":
+                self._mirror = torch.zeros(3, dtype=torch.int64, pin_memory=True)
+        self._counts += counts
+        self._mirror.copy_(self._counts, non_blocking=True)
+
+    # -- host side: the table, during the mask build -----------------------------------------------------------
+    def continuation(self, matcher: JumpForward) -> Tuple[int, ...]:
+        """The tokens the grammar forces after the matcher's state, last token held back, at most ``width``."""
+        if self.encode is None:
+            return ()
+        s = matcher.find_jump_forward_string()
+        if not s:
+            return ()
+        toks = self._cache.get(s)
+        if toks is None:
+            toks = stable_tokens(self.encode, s)[: self.width]
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            self._cache[s] = toks
+        return toks
+
+    def begin(self, rows: int) -> None:
+        """A new build of ``rows`` tree nodes (``bs * n``): every row starts empty (-1)."""
+        host = self._host
+        if host is None or host.shape[0] < rows:
+            host = self._host = np.empty((max(rows, 64), self.width), dtype=np.int32)
+        host[:rows] = -1
+        self._rows = rows
+
+    def record(self, matcher: JumpForward, row: int) -> None:
+        """The matcher is in the state after node ``row``'s path (a valid, not terminated node)."""
+        toks = self.continuation(matcher)
+        if toks and self._host is not None and row < self._rows:
+            self._host[row, : len(toks)] = toks
+            self.recorded_nodes += 1
+
+    def clear_rows(self, start: int, stop: int) -> None:
+        """Forget rows ``[start, stop)`` (a request whose build failed)."""
+        if self._host is not None:
+            self._host[start:stop] = -1
+
+    def upload(self, device: Device) -> None:
+        """After the build: the table to the device (non-blocking), for :meth:`after_verify` of this step."""
+        if self._host is None or self._rows == 0:
+            self._table = None
+            return
+        host = torch.from_numpy(self._host[: self._rows])
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        # a copy either way: the host buffer is refilled by the next build while this table waits for after_verify
+        self._table = host.clone() if on_cpu else host.to(device, non_blocking=True)
+
+    # -- device side -----------------------------------------------------------------------------------------------
+    def _positions(self, bs: int, n: int, levels: int, dev: torch.device) -> torch.Tensor:
+        """Flat draft positions: ``[bs * levels]`` of nodes 1..levels of each request (a chain), or with
+        ``levels == 0`` the ``[bs, 1]`` row starts ``b * n``. Cached per shape and device."""
+        key = (bs, n, levels, str(dev))
+        t = self._pos_cache.get(key)
+        if t is None:
+            start = torch.arange(bs, dtype=torch.long).unsqueeze(1) * n
+            t = (start + torch.arange(1, levels + 1, dtype=torch.long)).view(-1) if levels else start
+            t = t.to(dev)
+            if len(self._pos_cache) > 256:
+                self._pos_cache.clear()
+            self._pos_cache[key] = t
+        return t
+
+    def discard(self) -> None:
+        """A verify step that is not a plugin-owned grammar step: the picked rows of the previous one are dropped
+        (never applied to a later step)."""
+        self._picked = None
+        self._written = None
+
+    def after_verify(self, accept_index: torch.Tensor, rids: Sequence[str]) -> None:
+        """Right after the verify's acceptance: ``accept_index`` ``[bs, depth + 1]`` holds the accepted nodes' flat
+        rows (``b * n + node``), -1 padded. Keeps, per request, the table row of its last accepted node (device
+        gather, no sync), and counts the replaced drafts that were accepted."""
+        table, self._table = self._table, None
+        written, self._written = self._written, None
+        bs = len(rids)
+        if accept_index.dim() != 2 or accept_index.shape[0] != bs or bs == 0:
+            self._picked = None
+            return
+        valid = accept_index >= 0
+        flat = accept_index.to(torch.long).clamp(min=0)
+        if written is not None and written[1].numel() > 0:
+            # this step's (proposed, changed) from apply() and the accepted ones, in one add
+            replaced, mask = written
+            hits = (mask[flat.clamp(max=mask.numel() - 1)] & valid).sum().view(1)
+            self._add(torch.cat([replaced, hits]))
+        if table is None or table.shape[0] == 0:
+            self._picked = None
+            return
+        last = flat.gather(1, (valid.sum(dim=1, keepdim=True) - 1).clamp(min=0)).view(-1)
+        self._picked = (tuple(rids), table[last.clamp(max=table.shape[0] - 1)], int(accept_index.shape[1]) - 1)
+
+    def apply(self, draft_token: torch.Tensor, next_token: torch.Tensor, rids: Sequence[str],
+              draft_probs_used: bool = False, chain: bool = False) -> None:
+        """Step N+1, before the target verify reads its input: replace the top path's drafts with the forced tokens
+        of step N's accepted node, where the tree's root equals the first forced token. ``draft_token`` is the
+        verify input's device tensor (flat ``[bs * n]`` or ``[bs, n]``), ``next_token`` its ``[bs, n]`` first-child
+        links. ``chain``: the tree is a chain (topk 1: node ``d`` is at depth ``d``), so the top path needs no pointer
+        chase. Consumes the previous step's rows (at most once). A fixed number of device ops per step, no host
+        sync."""
+        picked, self._picked = self._picked, None
+        self._written = None
+        bs = len(rids)
+        if picked is None or draft_probs_used or bs == 0 or next_token.dim() != 2 or next_token.shape[0] != bs:
+            return
+        prev_rids, rows, depth = picked
+        n = next_token.shape[1]
+        levels = min(depth, n - 1, self.width - 1)
+        if levels < 1:
+            return
+        dev = draft_token.device
+        if tuple(rids) == prev_rids:  # steady decoding: the same batch in the same order
+            forced = rows
+        else:
+            where = {rid: i for i, rid in enumerate(prev_rids)}
+            row_map: List[int] = [where.get(rid, -1) for rid in rids]
+            if all(i < 0 for i in row_map):
+                return
+            idx = torch.tensor(row_map, dtype=torch.long).to(dev, non_blocking=True)
+            forced = torch.where((idx >= 0).unsqueeze(1), rows.index_select(0, idx.clamp(min=0)), -1)
+        flat = draft_token.view(-1)
+        toks = forced[:, 1 : levels + 1].to(flat.dtype)
+        ok = (forced[:, :1] == flat.view(bs, n)[:, :1]) & (toks >= 0)
+        if chain:
+            pos = self._positions(bs, n, levels, dev)
+        else:
+            # the first-child path below the root: node ids per level, -1 past the tree's end
+            nxt = next_token.to(torch.long)
+            path = []
+            node = torch.zeros((bs, 1), dtype=torch.long, device=dev)
+            for _ in range(levels):
+                node = torch.where(node >= 0, nxt.gather(1, node.clamp(min=0)), node)
+                path.append(node)
+            nodes = torch.cat(path, dim=1)  # [bs, levels]
+            ok = ok & (nodes >= 0)
+            pos = (self._positions(bs, n, 0, dev) + nodes.clamp(min=0)).view(-1)
+        ok = ok.cumprod(dim=1).bool()  # a contiguous prefix of the top path only
+        okf = ok.view(-1)
+        old = flat[pos]
+        new = toks.reshape(-1)
+        flat[pos] = torch.where(okf, new, old)  # positions past the tree's end point at the root: written unchanged
+        mask = torch.zeros(bs * n, dtype=torch.bool, device=dev)
+        mask[pos] = okf
+        self._written = (torch.stack([okf.sum(), (okf & (old != new)).sum()]), mask)
