@@ -43,14 +43,6 @@ MODES = ("json", "free")
 ROWS = (("on", "json"), ("off", "json"), ("on", "free"))
 
 
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
-        return False
-
-
 def _plugin_stats(path: Path) -> Dict[str, Any]:
     """The plugin's stats file; zeros when it never wrote one (NGRAM: its grammar batches are SGLang's own)."""
     if path.exists():
@@ -68,7 +60,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
     from transformers import AutoTokenizer
 
     from sglang_eo_dev.cpu_runtime.engine import EngineConfig, model_pair, start_engine
-    from sglang_eo_dev.real_model.evaluate import chat_prompt
+    from sglang_eo_dev.real_model.evaluate import chat_prompt, parses_json
     from sglang_eo_dev.real_model.prompts import held_apart_requests
 
     extra = (("speculative_draft_model_path", draft),) if draft else ()
@@ -102,7 +94,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
                 a["tokens"] += sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
                 a["verify_steps"] += sum(verify)
                 a["longest_verify"] += max(verify)
-                a["parses"] += sum(_parses(o["text"]) for o in outs)
+                a["parses"] += sum(parses_json(o["text"]) for o in outs)
                 a["finished"] += sum((o["meta_info"].get("finish_reason") or {}).get("type") == "stop" for o in outs)
                 a["answers"] += len(outs)
                 texts.setdefault(mode, []).extend(o["text"] for o in outs)

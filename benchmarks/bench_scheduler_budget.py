@@ -20,7 +20,8 @@ Paths compared in the same run: ``inline`` (grammar work on the scheduler thread
 issue 17: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``) and ``thread`` (started on the grammar thread before the verify
 launch, joined before sampling: the default). Each path gets its own engine; the two alternate per topk (inline,
 thread, repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
-rounds alternate. The json outputs of the two paths are compared token for token (greedy).
+rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
+thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19).
 
 Run (one engine at a time: the lock keeps other engine runs off the 2 cores)::
 
@@ -52,6 +53,8 @@ from bench_gpu_constrained import BENCH_SCHEMA  # noqa: E402  the GPU table's sc
 SPECS = ("topk1", "topk4")
 BATCHES = (1, 8, 32, 64)
 PATHS = ("inline", "thread")
+# ``thread-noforced``: the grammar thread with grammar-forced drafts off (issue 19), i.e. the verify step before them
+ALL_PATHS = ("inline", "thread-noforced", "thread")
 VOCAB = 128256
 PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_wait_s", "helper_gil_s",
                "mask_timeouts")
@@ -122,7 +125,7 @@ def markdown(result: Dict[str, Any]) -> str:
         return "–" if x is None else fmt.format(x)
 
     for row in result["rows"]:
-        for path in PATHS:
+        for path in ALL_PATHS:
             c = row.get(path)
             if not c:
                 continue
@@ -168,8 +171,10 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     plugin_file = os.path.join(tmp, f"plugin-{tag}.json")
     os.environ[STEP_TIMES_ENV] = step_file
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
-    os.environ["SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"] = "1" if path == "thread" else "0"
+    threaded = path.startswith("thread")
+    os.environ["SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"] = "1" if threaded else "0"
     cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=True, vocab_size=VOCAB,
+                       forced_drafts=False if path == "thread-noforced" else None,
                        max_running_requests=max(args.batches),
                        extra=(("constrained_json_disable_any_whitespace", True), ("disable_radix_cache", True)))
     t0 = time.monotonic()
@@ -199,7 +204,7 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
         errors = read_step_times(step_file).get("errors") or []
         problems += [f"{tag}: {e}" for e in errors]
         st = read_stats(plugin_file)
-        if not st.get("active") or bool(st.get("grammar_thread")) != (path == "thread"):
+        if not st.get("active") or bool(st.get("grammar_thread")) != threaded:
             problems.append(f"{tag}: plugin active={st.get('active')!r} grammar_thread={st.get('grammar_thread')!r}")
     finally:
         engine.shutdown()
@@ -211,7 +216,7 @@ def aggregate(runs: Sequence[Dict[str, Any]], batches: Sequence[int]) -> List[Di
     for spec in dict.fromkeys(r["spec"] for r in runs):
         for bs in batches:
             row: Dict[str, Any] = {"spec": spec, "bs": bs}
-            for path in PATHS:
+            for path in dict.fromkeys(r["path"] for r in runs):
                 cells = [r["cells"][str(bs)] for r in runs if r["spec"] == spec and r["path"] == path
                          and str(bs) in r["cells"]]
                 if not cells:
@@ -247,7 +252,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help=f"engines to alternate, from {', '.join(ALL_PATHS)} (results file suffixed when not the default)")
     args = ap.parse_args(argv)
+    paths = [p for p in args.paths.split(",") if p]
+    if any(p not in ALL_PATHS for p in paths):
+        ap.error(f"--paths: expected names from {ALL_PATHS}, got {paths}")
     args.batches = [int(b) for b in args.batches.split(",")]
     specs = [s for s in args.specs.split(",") if s]
     problems: List[str] = []
@@ -255,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
             for rep in range(args.repeats):
-                for path in PATHS:
+                for path in paths:
                     print(f"[budget] {spec} {path} #{rep} ...", flush=True)
                     runs.append(one_engine(spec, path, rep, args, tmp, problems))
     result = {
@@ -272,6 +282,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"scheduler_budget_{result['machine']['sglang']}"  # not Path.with_suffix: "0.5.16" has a dot
+    if tuple(paths) != PATHS:
+        stem += "_" + "_".join(paths)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))

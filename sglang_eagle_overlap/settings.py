@@ -63,7 +63,7 @@ class Settings:
     log_interval_s: float = 30.0
     timeline_file: Optional[str] = None
     grammar_thread: bool = True
-    forced_drafts: bool = True  # DEFAULT_FORCED_DRAFTS
+    forced_drafts: bool = DEFAULT_FORCED_DRAFTS
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Settings":

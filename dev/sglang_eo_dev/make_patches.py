@@ -81,18 +81,17 @@ EDITS: Dict[str, Dict[str, List[Edit]]] = {
              "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n",
              "    verify_input: EagleVerifyInput = batch.spec_info\n"
              "    eo_rt = grammar_overlap.runtime()\n"
-             "    if eo_rt is not None:  # sglang-eagle-overlap: grammar-forced drafts, before the verify input is built\n"
-             "        grammar_overlap.band.before_verify(eo_rt, batch, verify_input)\n"
+             "    # sglang-eagle-overlap: grammar-forced drafts, before the verify input is built; owns the step or not\n"
+             "    eo_owned = eo_rt is not None and grammar_overlap.band.before_verify(eo_rt, batch, verify_input)\n"
              "    record_stream_for_v2_verify(batch, verify_input, fwd_stream)\n"),
             ("    ) = eagle_sample(verify_input, batch, logits_output, vocab_mask)\n",
              "    ) = eagle_sample(verify_input, batch, logits_output, vocab_mask)\n"
              "    if verify is not None:  # sglang-eagle-overlap: the accepted node's forced tokens, on the device\n"
-             "        grammar_overlap.band.after_sample(rt, batch, (predict, accept_lens, accept_index))\n"),
+             "        grammar_overlap.band.after_sample(eo_rt, batch, (predict, accept_lens, accept_index))\n"),
             ("    # Prepare grammar data on CPU if needed\n"
              "    if batch.has_grammar:\n",
              "    # sglang-eagle-overlap: async tree copy now, grammar work after the launch.\n"
-             "    rt = grammar_overlap.runtime() if batch.has_grammar else None\n"
-             "    verify = rt and grammar_overlap.band.begin_verify(rt, batch, verify_input)\n"
+             "    verify = grammar_overlap.band.begin_verify(eo_rt, batch, verify_input, owned=True) if eo_owned else None\n"
              "    # Prepare grammar data on CPU if needed\n"
              "    if batch.has_grammar and verify is None:\n"),
             ("    vocab_mask = None\n"
@@ -100,7 +99,7 @@ EDITS: Dict[str, Dict[str, List[Edit]]] = {
              "        # Generate the logit mask for structured output.\n",
              "    vocab_mask = None\n"
              "    if verify is not None:\n"
-             "        vocab_mask = grammar_overlap.band.build_vocab_mask(rt, verify, verify_input, batch)\n"
+             "        vocab_mask = grammar_overlap.band.build_vocab_mask(eo_rt, verify, verify_input, batch)\n"
              "    elif batch.has_grammar:\n"
              "        # Generate the logit mask for structured output.\n"),
         ],

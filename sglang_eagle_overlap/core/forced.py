@@ -29,25 +29,21 @@ drafts replaced; ``changed``: of those, where the draft model had proposed anoth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from sglang_eagle_overlap.core.protocols import JumpForward
 
 if TYPE_CHECKING:
     import numpy.typing as npt
     from torch.types import Device
 
-__all__ = ["Encoder", "ForcedDrafts", "JumpForward", "stable_tokens"]
+__all__ = ["Encoder", "ForcedDrafts", "stable_tokens"]
 
 Encoder = Callable[[str], Sequence[int]]
 _CACHE_MAX = 8192
-
-
-class JumpForward(Protocol):
-    """What :meth:`ForcedDrafts.continuation` asks of a matcher (xgrammar's ``GrammarMatcher``)."""
-
-    def find_jump_forward_string(self) -> str: ...
 
 
 # What may follow a forced string: a letter, a digit, a space, a quote, a bracket. A token of ``encode(s)`` that
@@ -195,7 +191,7 @@ class ForcedDrafts:
             return
         valid = accept_index >= 0
         flat = accept_index.to(torch.long).clamp(min=0)
-        if written is not None and written[1].numel() > 0:
+        if written is not None:
             # this step's (proposed, changed) from apply() and the accepted ones, in one add
             replaced, mask = written
             hits = (mask[flat.clamp(max=mask.numel() - 1)] & valid).sum().view(1)

@@ -12,6 +12,8 @@ with these methods fits; nothing here is checked at run time, and this module im
   the host reads or reuses the buffer.
 * :class:`WalkMatcher` -- what the exact tree walk calls on a grammar: an ``xgrammar.GrammarMatcher``, or a host
   grammar object presented as one (``accept_token`` -> False on rejection).
+* :class:`JumpForward` -- what grammar-forced drafts ask of a matcher (an ``xgrammar.GrammarMatcher``): the text the
+  grammar forces from its state.
 * :data:`StatValue` -- one value of the stats snapshot (``GrammarStep.snapshot``, the JSON stats file).
 """
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, Union
 if TYPE_CHECKING:
     from torch.types import Device
 
-__all__ = ["DeviceEvent", "ForwardProbe", "StatValue", "StepExporter", "WalkMatcher"]
+__all__ = ["DeviceEvent", "ForwardProbe", "JumpForward", "StatValue", "StepExporter", "WalkMatcher"]
 
 StatValue = Union[int, float, str, bool, None]
 
@@ -58,3 +60,7 @@ class WalkMatcher(Protocol):
     def rollback(self, num_tokens: int, /) -> None: ...
 
     def is_terminated(self) -> bool: ...
+
+
+class JumpForward(Protocol):
+    def find_jump_forward_string(self) -> str: ...

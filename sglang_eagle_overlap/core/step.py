@@ -94,6 +94,7 @@ class MaskJob:
     gil_s: float = 0.0
     submit_s: float = 0.0
     tree_nodes: int = 0
+    forced: bool = False  # record grammar-forced continuations (an EAGLE tree whose next step can use them)
 
     @property
     def advance_s(self) -> float:
@@ -241,10 +242,12 @@ class GrammarStep:
         """Hand the step's grammar work (``barrier()``, tree wait, mask build) to the grammar thread, or, with it
         off, just record it for :meth:`finish_build`. Call after :meth:`copy_tree`, before the target-verify launch
         (grammar thread) or anywhere before :meth:`finish_build` (inline). ``allow_timeout=False`` builds without the
-        time limit (callers that cannot neutralise drafts)."""
+        time limit (callers that cannot neutralise drafts). With forced drafts on, the build records each valid node's
+        grammar-forced continuation and :meth:`finish_build` uploads the table (EAGLE trees: their next step takes
+        them)."""
         t0 = time.perf_counter()
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
-                      allow_timeout=allow_timeout and self._may_time_out())
+                      allow_timeout=allow_timeout and self._may_time_out(), forced=self.forced is not None)
         if self.grammar_thread:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-eo-grammar")
@@ -264,7 +267,7 @@ class GrammarStep:
         result = job.future.result() if job.future is not None else self._run(job, False)
         t_join = time.perf_counter()
         device_mask = None
-        if self.forced is not None:
+        if job.forced and self.forced is not None:
             self.forced.upload(device)
         if result.bitmask is not None:
             device_mask = result.bitmask.to(device, non_blocking=True)
@@ -313,7 +316,8 @@ class GrammarStep:
     ) -> StepMask:
         """:meth:`start_build` + :meth:`finish_build` in one call, after the target-verify launch, always inline:
         ``barrier()`` -> tree wait -> build -> upload -> neutralise. ``draft_device`` None means the caller cannot
-        neutralise, so the build runs without a time limit."""
+        neutralise, so the build runs without a time limit. Records no grammar-forced continuations: its callers' trees
+        (chain algorithms, host-built trees) never take forced drafts."""
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=draft_device is not None and self._may_time_out())
         return self.finish_build(job, device=device, draft_device=draft_device)
@@ -336,20 +340,24 @@ class GrammarStep:
         bs, n = nxt.shape[0], nxt.shape[-1]
         job.tree_nodes = n
         result = builder.build(job.requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
-                               job.vocab_size, allow_timeout=job.allow_timeout, forced=self.forced)
+                               job.vocab_size, allow_timeout=job.allow_timeout,
+                               forced=self.forced if job.forced else None)
         t3 = time.perf_counter()
         job.marks = (t0, t1, t2, t3)
         if on_helper:
             job.gil_s = max(0.0, (time.thread_time() - cpu0) - (builder.native_cpu_s - native0))
         return result
 
+    def _forced_counts(self) -> Tuple[int, int, int, int]:
+        """Forced drafts proposed, changed, accepted, and nodes with a continuation, since start (zeros when off)."""
+        f = self.forced
+        return (0, 0, 0, 0) if f is None else (f.proposed, f.changed, f.accepted, f.recorded_nodes)
+
     def _forced_delta(self) -> Tuple[int, int]:
         """Forced drafts proposed / accepted since the last call (for the exporter's counters)."""
-        if self.forced is None:
-            return 0, 0
-        now = (self.forced.proposed, self.forced.accepted)
-        seen, self._forced_seen = self._forced_seen, now
-        return now[0] - seen[0], now[1] - seen[1]
+        proposed, _, accepted, _ = self._forced_counts()
+        seen, self._forced_seen = self._forced_seen, (proposed, accepted)
+        return proposed - seen[0], accepted - seen[1]
 
     def close(self) -> None:
         """Join the grammar thread (tests; a worker process simply exits)."""
@@ -388,15 +396,12 @@ class GrammarStep:
             "helper_gil_s": s.helper_gil_s,
             "grammar_thread": self.grammar_thread,
             "forced_drafts": self.forced is not None,
-            "forced_proposed": self.forced.proposed if self.forced is not None else 0,
-            "forced_changed": self.forced.changed if self.forced is not None else 0,
-            "forced_accepted": self.forced.accepted if self.forced is not None else 0,
-            "forced_nodes": self.forced.recorded_nodes if self.forced is not None else 0,
             "tokens_advanced": self.ledger.tokens_fed,
             "ledger_requests": len(self.ledger),
             "pinned_allocations": self.copier.pinned_allocations,
             "pid": os.getpid(),
         }
+        d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_nodes"] = self._forced_counts()
         rank = distributed_rank()
         d["rank"], d["world_size"] = rank if rank is not None else (None, None)
         d.update(s.counters)
@@ -420,10 +425,8 @@ class GrammarStep:
                 "%d changed, %d accepted); ledger %d requests; %s",
                 s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["sched_ms"],
                 "on" if self.grammar_thread else "off", m["join_wait_ms"], m["helper_gil_ms"], m["unhidden_ms"],
-                s.mask_timeouts, "on" if self.forced is not None else "off",
-                self.forced.proposed if self.forced is not None else 0,
-                self.forced.changed if self.forced is not None else 0,
-                self.forced.accepted if self.forced is not None else 0, len(self.ledger), s.counters,
+                s.mask_timeouts, "on" if self.forced is not None else "off", *self._forced_counts()[:3],
+                len(self.ledger), s.counters,
             )
         self.write_stats()
 

@@ -112,12 +112,17 @@ def _forced_after(rows: Sequence[Sequence[int]], accept_index: List[List[int]], 
     return f
 
 
+AB_ACCEPTED = [[0, 1, -1, -1], [4, -1, -1, -1]]  # request a accepted nodes 0 and 1 (row 1), b only its root (row 4)
+
+
+def _ab(rows: Sequence[Sequence[int]]):
+    """Two requests ``a``, ``b`` on chains of 4 nodes after a step that accepted :data:`AB_ACCEPTED`: (forced, links)."""
+    return _forced_after(rows, AB_ACCEPTED, ["a", "b"], 4), _chain(2, 4)[0]
+
+
 def test_next_step_gets_the_accepted_nodes_forced_tokens_on_its_top_path():
-    n = 4
-    # request a accepted nodes 0, 1 (its last is row 1); request b accepted only its root (row 4)
     rows = [[], [50, 51, 52, 53], [], [], [60, 61, 62], [], [], []]
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
-    nxt, _ = _chain(2, n)
+    f, nxt = _ab(rows)
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])  # roots = the first forced tokens
     f.apply(draft, nxt, ["a", "b"])
     assert draft.tolist() == [50, 51, 52, 53, 60, 61, 62, 9]
@@ -128,14 +133,12 @@ def test_next_step_gets_the_accepted_nodes_forced_tokens_on_its_top_path():
 
 
 def test_no_replacement_when_the_root_is_not_the_first_forced_token_or_the_request_is_new():
-    n = 4
     rows = [[], [50, 51, 52], [], [], [60, 61], [], [], []]
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
-    nxt, _ = _chain(2, n)
+    f, nxt = _ab(rows)
     draft = torch.tensor([49, 7, 8, 9, 60, 7, 8, 9])
     f.apply(draft, nxt, ["a", "c"])  # a wrote another token; c is new (b left the batch)
     assert draft.tolist() == [49, 7, 8, 9, 60, 7, 8, 9]
-    f.after_verify(torch.tensor([[0, 1, -1, -1], [4, -1, -1, -1]], dtype=torch.int32), ["a", "c"])
+    f.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "c"])
     assert f.proposed == 0 and f.accepted == 0
 
 
@@ -163,16 +166,14 @@ def test_topk_tree_replaces_the_first_child_chain_only():
 
 
 def test_each_pick_is_applied_at_most_once_and_dropped_by_other_verifies():
-    n = 4
     rows = [[], [50, 51], [], [], [], [], [], []]
-    nxt, _ = _chain(2, n)
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
+    f, nxt = _ab(rows)
     d1 = torch.tensor([50, 7, 8, 9, 0, 0, 0, 0])
     f.apply(d1, nxt, ["a", "b"])
     d2 = torch.tensor([50, 7, 8, 9, 0, 0, 0, 0])
     f.apply(d2, nxt, ["a", "b"])
     assert d1[1] == 51 and d2[1] == 7
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
+    f, nxt = _ab(rows)
     f.discard()
     d3 = torch.tensor([50, 7, 8, 9, 0, 0, 0, 0])
     f.apply(d3, nxt, ["a", "b"])
@@ -180,21 +181,18 @@ def test_each_pick_is_applied_at_most_once_and_dropped_by_other_verifies():
 
 
 def test_not_used_when_the_verify_samples_with_the_drafts_probabilities():
-    n = 4
     rows = [[], [50, 51], [], [], [], [], [], []]
-    nxt, _ = _chain(2, n)
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
+    f, nxt = _ab(rows)
     d = torch.tensor([50, 7, 8, 9, 0, 0, 0, 0])
     f.apply(d, nxt, ["a", "b"], draft_probs_used=True)
-    f.after_verify(torch.tensor([[0, 1, -1, -1], [4, -1, -1, -1]], dtype=torch.int32), ["a", "b"])
+    f.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
     assert d[1] == 7 and f.proposed == 0
 
 
 def test_replacement_stops_at_the_first_missing_forced_token_and_the_tree_depth():
     n = 4
     rows = [[], [50, 51, -1, 53], [], [], [], [], [], []]
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
-    nxt, _ = _chain(2, n)
+    f, nxt = _ab(rows)
     draft = torch.tensor([50, 7, 8, 9, 0, 0, 0, 0])
     f.apply(draft, nxt, ["a", "b"])
     assert draft.tolist()[:4] == [50, 51, 8, 9]  # 53 is not contiguous with 51: not used
@@ -208,10 +206,8 @@ def test_replacement_stops_at_the_first_missing_forced_token_and_the_tree_depth(
 
 @pytest.mark.parametrize("chain", [False, True])
 def test_chain_trees_take_the_same_path_without_a_pointer_chase(chain):
-    n = 4
     rows = [[], [50, 51, 52, 53], [], [], [60, 61], [], [], []]
-    f = _forced_after(rows, [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], n)
-    nxt, _ = _chain(2, n)
+    f, nxt = _ab(rows)
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])
     f.apply(draft, nxt, ["a", "b"], chain=chain)
     assert draft.tolist() == [50, 51, 52, 53, 60, 61, 8, 9]

@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from sglang_eagle_overlap.settings import ENV
 from sglang_eo_dev.cpu_runtime import models
 from sglang_eo_dev.cpu_runtime.stats import STATS_ENV, read_stats
 
@@ -156,7 +157,7 @@ def _think_pair(cfg: EngineConfig) -> models.ModelPair:
 
 
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
-FORCED_ENV = "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS"  # the product plugin's forced-draft switch (EngineConfig.forced_drafts)
+FORCED_ENV = ENV["forced_drafts"]  # the product plugin's forced-draft switch (EngineConfig.forced_drafts)
 
 
 def threads_bind(ranks: int, cores: Optional[int] = None) -> str:

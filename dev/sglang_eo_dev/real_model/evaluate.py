@@ -21,7 +21,16 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["chat_prompt", "measure", "main"]
+__all__ = ["chat_prompt", "measure", "main", "parses_json"]
+
+
+def parses_json(text: str) -> bool:
+    """Whether ``text`` is one JSON document."""
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 def chat_prompt(tokenizer, req) -> str:
@@ -54,13 +63,7 @@ def measure(spec: str, plugin: bool, max_new_tokens: int = 96) -> dict[str, Any]
             outs = engine.generate(prompt=prompts, sampling_params=params)
             tokens = sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
             verify = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
-            parsed = 0
-            for o in outs:
-                try:
-                    json.loads(o["text"])
-                    parsed += 1
-                except ValueError:
-                    pass
+            parsed = sum(parses_json(o["text"]) for o in outs)
             result[mode] = {"accept_length": round(tokens / verify, 3) if verify else None, "tokens": tokens,
                             "verify_steps": verify, "json_parses": parsed,
                             "texts": [o["text"] for o in outs]}

@@ -61,6 +61,7 @@ __all__ = [
     "begin_verify",
     "build_vocab_mask",
     "can_mask",
+    "owns_verify",
     "is_eagle_family",
     "keeps_overlap",
 ]
@@ -138,12 +139,22 @@ def announce_stand_aside(rt: Runtime, batch: Any) -> None:
 
 
 # -- worker side (run_eagle_verify) ---------------------------------------------------------------------------------
-def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyStep]:
-    """Before the target-verify launch: start the verify tree's async host copy. None: SGLang's own path."""
+def owns_verify(rt: Runtime, batch: Any) -> bool:
+    """Whether the plugin owns this verify step: a non-idle EAGLE-family grammar batch whose grammars it can mask (a
+    batch with another backend is counted as ``fallback_steps`` and left to SGLang). Decided once per step, at the
+    ``run_eagle_verify`` entry (:func:`before_verify`), and handed to :func:`begin_verify`."""
     if not getattr(batch, "has_grammar", False) or not is_eagle_family(batch) or batch.forward_mode.is_idle():
-        return None
+        return False
     if not can_mask(batch):
         rt.step.count("fallback_steps")
+        return False
+    return True
+
+
+def begin_verify(rt: Runtime, batch: Any, verify_input: Any, owned: Optional[bool] = None) -> Optional[VerifyStep]:
+    """Before the target-verify launch: start the verify tree's async host copy. None: SGLang's own path. ``owned``:
+    :func:`before_verify`'s decision for this step (None: decide here)."""
+    if not (owns_verify(rt, batch) if owned is None else owned):
         return None
     pending = rt.step.copy_tree(verify_input.retrieve_next_token, verify_input.retrieve_next_sibling,
                                 verify_input.draft_token)
@@ -156,13 +167,14 @@ def begin_verify(rt: Runtime, batch: Any, verify_input: Any) -> Optional[VerifyS
     return VerifyStep(batch=batch, job=job)
 
 
-def before_verify(rt: Runtime, batch: Any, verify_input: Any) -> None:
+def before_verify(rt: Runtime, batch: Any, verify_input: Any) -> bool:
     """``run_eagle_verify`` entry, before ``eagle_prepare_for_verify`` builds the target's input from the draft tokens
-    (and before :func:`begin_verify`): grammar-forced drafts replace the top-path drafts of a step the plugin will own
+    (and before :func:`begin_verify`): decides whether the plugin owns this step (:func:`owns_verify`, returned for
+    :func:`begin_verify`); grammar-forced drafts replace the top-path drafts of an owned step
     (:func:`~sglang_eagle_overlap.integration.drafts.before_verify`); any other verify drops the previous picks."""
-    owned = (getattr(batch, "has_grammar", False) and is_eagle_family(batch) and not batch.forward_mode.is_idle()
-             and can_mask(batch))
-    drafts.before_verify(rt, batch, verify_input, owned=bool(owned))
+    owned = owns_verify(rt, batch)
+    drafts.before_verify(rt, batch, verify_input, owned=owned)
+    return owned
 
 
 def after_sample(rt: Runtime, batch: Any, sample_result: Any) -> None:

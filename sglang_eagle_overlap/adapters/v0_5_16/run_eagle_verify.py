@@ -54,10 +54,11 @@ def in_flight_for(rt: Optional[runtime.Runtime], batch: Any) -> Optional[InFligh
 # ``batch`` (SGLang's ScheduleBatch) and the return value are SGLang's objects: Any (SGLang ships no types).
 def run_eagle_verify(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
-    if rt is not None:
-        band.before_verify(rt, batch, batch.spec_info)  # grammar-forced drafts, before the verify input is built
-    verify = None if rt is None else band.begin_verify(rt, batch, batch.spec_info)
-    if rt is None or verify is None:
+    if rt is None:
+        return original(batch, *args, **kwargs)
+    owned = band.before_verify(rt, batch, batch.spec_info)  # grammar-forced drafts, before the verify input is built
+    verify = band.begin_verify(rt, batch, batch.spec_info, owned=owned)
+    if verify is None:
         return original(batch, *args, **kwargs)
     cur = rt.in_flight = InFlight(verify)
     try:
