@@ -88,8 +88,13 @@ STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
 SWITCH_ENV = "SGLANG_EAGLE_OVERLAP"
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"  # the dev step probe's file (sglang_eo_dev.cpu_runtime.step_times)
 
-VARIANTS = ("json", "unconstrained", "json-off")  # table order
-ENGINE_VARIANTS = {"on": ("json", "unconstrained"), "off": ("json-off",)}
+VARIANTS = ("json", "unconstrained", "json-off", "json-thread")  # table order
+DEFAULT_VARIANTS = ("json", "unconstrained", "json-off")
+# engine kind -> its variants; "thread" is the plugin with its grammar thread on (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1,
+# off by default since the H200 run), so both paths can be compared in one run (--variants ...,json-thread)
+ENGINE_VARIANTS = {"on": ("json", "unconstrained"), "off": ("json-off",), "thread": ("json-thread",)}
+ENGINE_ENV = {"on": {}, "off": {}, "thread": {"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "1"}}
+JSON_VARIANTS = ("json", "json-thread")  # plugin on: its stats file is read around these rounds
 PHASE_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "unhidden_s", "mask_timeouts")
 
 
@@ -240,15 +245,17 @@ def _median(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def summarize_cell(rounds: Sequence[Dict[str, Any]], phases: Sequence[Dict[str, float]]) -> Dict[str, Any]:
-    """One (shape, bs, variant): the median (p10-p90) of the scheduler-timed steps pooled over its rounds, the best
-    round's median, the probe's grammar ms per step, ms/token = ms/step / accept length; phases summed over rounds,
-    then per plugin step."""
+    """One (shape, bs, variant): the median (p10-p90) and the mean of the scheduler-timed steps pooled over its rounds,
+    the best round's median, the probe's grammar ms per step, ms/token = mean ms/step / accept length (the mean is what
+    a request pays: a few slow steps move it and not the median); phases summed over rounds, then per plugin step."""
     su = summarize_steps([s for r in rounds for s in r["steps"]])
     accept = _median([r["accept_len"] for r in rounds])
     per_round = [r["ms_step"] for r in rounds if r["ms_step"] is not None]
     total = {k: sum(p[k] for p in phases) for k in PHASE_KEYS} if phases else None
     requests = sum(r.get("requests", 0) for r in rounds)
     ms_step = su.get("step_ms")
+    pooled = [s[0] for r in rounds for s in r["steps"]]
+    mean = statistics.fmean(pooled) if pooled else None
     return {
         "n": len(per_round),
         "n_steps": su["n"],
@@ -256,8 +263,9 @@ def summarize_cell(rounds: Sequence[Dict[str, Any]], phases: Sequence[Dict[str, 
         "ms_step_p10": su.get("step_ms_p10"),
         "ms_step_p90": su.get("step_ms_p90"),
         "ms_step_best": min(per_round) if per_round else None,
+        "ms_step_mean": mean,
         "grammar_ms": su.get("grammar_ms"),
-        "ms_token": ms_step / accept if ms_step is not None and accept else None,
+        "ms_token": mean / accept if mean is not None and accept else None,
         "accept_len": accept,
         "full_batch": all(r["full_batch"] for r in rounds) if rounds else False,
         "phases": phases_per_step(total, requests) if total else None,
@@ -273,9 +281,15 @@ def table_rows(cells: Dict[Tuple[str, int, str], Dict[str, Any]], shapes: Sequen
             row: Dict[str, Any] = {"shape": shape, "bs": bs}
             for v in VARIANTS:
                 row[v] = cells.get((shape, bs, v)) or {"n": 0, "ms_step": None}
-            on, unc, off = (row[v].get("ms_step") for v in VARIANTS)
+            on, unc, off, thread = (row[v].get("ms_step") for v in VARIANTS)
             row["overhead"] = on / unc - 1.0 if on and unc else None
             row["off_over_on"] = off / on if on and off else None
+            row["thread_overhead"] = thread / unc - 1.0 if thread and unc else None
+            row["thread_over_on"] = thread / on if thread and on else None
+            on_m, unc_m, off_m, thread_m = (row[v].get("ms_step_mean") for v in VARIANTS)
+            row["overhead_mean"] = on_m / unc_m - 1.0 if on_m and unc_m else None
+            row["thread_overhead_mean"] = thread_m / unc_m - 1.0 if thread_m and unc_m else None
+            row["off_over_on_mean"] = off_m / on_m if on_m and off_m else None
             rows.append(row)
     return rows
 
@@ -299,19 +313,21 @@ def markdown(result: Dict[str, Any]) -> str:
         "",
         "ms/step = median (p10-p90) of the decode steps the scheduler timed (step probe: one scheduler-loop iteration "
         "between two speculative decode launches) whose batch held all `bs` requests, pooled over the rounds; "
-        "`best` = the best round's median; ms/token = ms/step / accept length; `over unc.` = json with the plugin "
+        "`best` = the best round's median; `mean` = the mean of the same steps (what a request pays: slow grammar steps "
+        "move it, not the median); ms/token = mean ms/step / accept length; `over unc.` = json with the plugin "
         "over unconstrained; `off/on` = json with the plugin off (stock SGLang) over json with the plugin, both "
         "from the same run; `grammar` = the probe's grammar ms per step (SGLang's grammar entry points and the "
         "plugin's mask step), json / json off; phases = the plugin's own stats per verify step (advance incl. "
         "waits / tree wait / mask / un-hidden, ms) and mask time-limit hits per request.",
         "",
     ]
+    thread_run = any(r["json-thread"].get("n") for r in result["rows"] if "json-thread" in r)
     if m.get("device") == "cpu":
         lines += ["CPU mode: tiny models, the forward runs synchronously on the scheduler thread, so nothing can be "
                   "hidden; these rows exercise the benchmark end to end and are no GPU result (on a shared machine "
                   "they are also noisy: compare nothing across engines here).", ""]
     head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | best unc / json / "
-            "off | ms/token unc / json / off | over unc. | off/on | grammar ms json / off | phases adv / tree / "
+            "off | mean unc / json / off | ms/token unc / json / off | over unc. median / mean | off/on | grammar ms json / off | phases adv / tree / "
             "mask / unhidden ms | limit hits/req | accept | steps unc / json / off |")
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
 
@@ -322,20 +338,32 @@ def markdown(result: Dict[str, Any]) -> str:
             return _f(c["ms_step"])
         return f"{c['ms_step']:.2f} ({c['ms_step_p10']:.2f}-{c['ms_step_p90']:.2f})"
 
+    if thread_run:
+        head += " json thread ms/step | json thread mean | thread over unc. median / mean | thread/json | accept thread |"
+        lines[-2:] = ["`json thread` = the plugin with its grammar thread on, in its own engine (SGLANG_EAGLE_OVERLAP_"
+                      "GRAMMAR_THREAD=1; off by default); `thread/json` = its ms/step over json's (the default path).",
+                      "", head, "|" + "---|" * (head.count("|") - 1)]
     for r in result["rows"]:
-        on, unc, off = (r[v] for v in VARIANTS)
+        on, unc, off = (r[v] for v in VARIANTS[:3])
+        thr = r.get("json-thread") or {}
         ph = on.get("phases")
         phs = (f"{ph['advance_ms']:.2f} / {ph['tree_wait_ms']:.2f} / {ph['mask_ms']:.2f} / {ph['unhidden_ms']:.2f}"
                if ph else "–")
         hits = _f(ph["mask_timeouts_per_request"]) if ph else "–"
-        flag = "" if all(r[v].get("full_batch", True) for v in VARIANTS if r[v].get("n")) else " (batch shrank)"
+        flag = "" if all(r[v].get("full_batch", True) for v in VARIANTS if r.get(v, {}).get("n")) else " (batch shrank)"
         line = (f"| {r['shape']} | {r['bs']}{flag} | {_step(unc)} | {_step(on)} | {_step(off)} | "
                 f"{_f(unc.get('ms_step_best'))} / {_f(on.get('ms_step_best'))} / {_f(off.get('ms_step_best'))} | "
+                f"{_f(unc.get('ms_step_mean'))} / {_f(on.get('ms_step_mean'))} / {_f(off.get('ms_step_mean'))} | "
                 f"{_f(unc.get('ms_token'))} / {_f(on.get('ms_token'))} / {_f(off.get('ms_token'))} | "
-                f"{_f(r['overhead'], '{:+.1%}')} | {_f(r['off_over_on'], '{:.2f}x')} | "
+                f"{_f(r['overhead'], '{:+.1%}')} / {_f(r.get('overhead_mean'), '{:+.1%}')} | "
+                f"{_f(r['off_over_on'], '{:.2f}x')} | "
                 f"{_f(on.get('grammar_ms'))} / {_f(off.get('grammar_ms'))} | {phs} | {hits} | "
                 f"{_f(on.get('accept_len'))} | {unc.get('n_steps', 0)} / {on.get('n_steps', 0)} / "
                 f"{off.get('n_steps', 0)} |")
+        if thread_run:
+            line += (f" {_step(thr)} | {_f(thr.get('ms_step_mean'))} | {_f(r.get('thread_overhead'), '{:+.1%}')} / "
+                     f"{_f(r.get('thread_overhead_mean'), '{:+.1%}')} | "
+                     f"{_f(r.get('thread_over_on'), '{:.2f}x')} | {_f(thr.get('accept_len'))} |")
         lines.append(line)
     if result.get("problems"):
         lines += ["", "Problems seen:", ""] + [f"- {p}" for p in result["problems"]]
@@ -355,11 +383,12 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
     shapes = list(dict.fromkeys(r["shape"] for r in result["rows"]))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
     styles = {"json": ("json_schema, plugin", "tab:green"), "unconstrained": ("unconstrained", "tab:blue"),
-              "json-off": ("json_schema, plugin off", "tab:red")}
+              "json-off": ("json_schema, plugin off", "tab:red"),
+              "json-thread": ("json_schema, plugin with grammar thread", "tab:orange")}
     for ax, shape in zip(axes[0], shapes):
         rows = [r for r in result["rows"] if r["shape"] == shape]
         for v, (label, color) in styles.items():
-            pts = [(r["bs"], r[v]["ms_step"]) for r in rows if r[v].get("ms_step") is not None]
+            pts = [(r["bs"], r[v]["ms_step"]) for r in rows if (r.get(v) or {}).get("ms_step") is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label, color=color)
         sizes = sorted({r["bs"] for r in rows})
@@ -454,9 +483,15 @@ def install_step_probe(tmp: str) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([probe, *paths])
 
 
-def start_engine(args: argparse.Namespace, shape: Shape, plugin: bool, stats_file: Optional[str], step_file: str):
+def start_engine(args: argparse.Namespace, shape: Shape, plugin: bool, stats_file: Optional[str], step_file: str,
+                 env: Optional[Dict[str, str]] = None):
     """Start an in-process engine with the plugin on or off; the caller shuts it down. The switch, the plugin's stats
-    file and the step probe's file go through the environment (the scheduler subprocess reads them at start)."""
+    file, the step probe's file and ``env`` (plugin settings of this engine; those of the other engine kinds are
+    cleared) go through the environment (the scheduler subprocess reads them at start)."""
+    for kind_env in ENGINE_ENV.values():
+        for key in kind_env:
+            os.environ.pop(key, None)
+    os.environ.update(env or {})
     if stats_file:  # also with the plugin off: a file written then would show the switch did not hold
         os.environ[STATS_ENV] = stats_file
         if os.path.exists(stats_file):
@@ -512,10 +547,10 @@ def measure_round(engine, workload: Workload, variant: str, bs: int, rnd: int, m
     from sglang_eo_dev.cpu_runtime.step_times import read_step_times
 
     n0 = len(read_step_times(step_file)["steps"])
-    before = read_stats(stats_file) if variant == "json" else {}
+    before = read_stats(stats_file) if variant in JSON_VARIANTS else {}
     outs = engine.generate(prompt=_prompts(workload, bs, rnd), sampling_params=_params(workload, variant,
                                                                                         max_new_tokens))
-    after = read_stats(stats_file) if variant == "json" else {}
+    after = read_stats(stats_file) if variant in JSON_VARIANTS else {}
     records = read_step_times(step_file)["steps"][n0:]
     r = round_result(records, outs, bs, grammar=(variant != "unconstrained"), max_new_tokens=max_new_tokens)
     phases = delta(after, before, PHASE_KEYS) if after else None
@@ -552,7 +587,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--warmup-tokens", type=int, default=None, help="warm-up round length; default 32 (cuda) / 4 (cpu)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per cell per engine; default 2 (cuda) / 1 (cpu)")
     ap.add_argument("--repeats", type=int, default=1, help="engine pairs (plugin on, off) per shape")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="subset of json,unconstrained,json-off")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"subset of {','.join(VARIANTS)} (json-thread: a third engine, the plugin with its grammar thread)")
     ap.add_argument("--model-path", default=None, help="a real target model (default: the workload's dummy config)")
     ap.add_argument("--draft-model-path", default=None, help="its EAGLE3 draft (with --model-path)")
     ap.add_argument("--dtype", default="bfloat16")
@@ -631,6 +667,18 @@ def merge_results(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return merged
 
 
+def resummarize(result: Dict[str, Any]) -> Dict[str, Any]:
+    """``result`` with its rows rebuilt from its raw rounds by this version's :func:`summarize_cell` (a file written by
+    an older version gets the newer columns; the ratios stay those of its own run). A result without raw rounds is
+    returned as it is."""
+    raw = result.get("raw")
+    if not raw:
+        return result
+    cells = {(r["shape"], r["bs"], r["variant"]): summarize_cell(r["rounds"], r.get("phases") or []) for r in raw}
+    shapes = [s["name"] if isinstance(s, dict) else s for s in result.get("shapes", [])]
+    return {**result, "rows": table_rows(cells, shapes or sorted({k[0] for k in cells}), result["batch_sizes"])}
+
+
 def write_outputs(result: Dict[str, Any], out: Path, name: str, final: bool) -> None:
     """The json and md (and, when ``final``, the png) of ``result`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -648,7 +696,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv_list = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_gpu_constrained.py", *argv_list])
     if args.merge:
-        merged = merge_results([json.loads(Path(f).read_text()) for f in args.merge])
+        merged = merge_results([resummarize(json.loads(Path(f).read_text())) for f in args.merge])
         m = merged["machine"]
         write_outputs(merged, Path(args.out), f"gpu_constrained_{m['device']}_{m['sglang']}_merged", final=True)
         return 1 if merged["problems"] else 0
@@ -699,7 +747,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         for shape in args.shape_list:
             for rep in range(args.repeats):
-                for kind in ("on", "off"):
+                for kind in ("on", "off", "thread"):
                     variants = [v for v in ENGINE_VARIANTS[kind] if v in args.variant_list]
                     if not variants:
                         continue
@@ -707,7 +755,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     stats = None if args.no_plugin_stats else os.path.join(tmp, f"stats-{tag}.json")
                     step_file = os.path.join(tmp, f"steps-{tag}.jsonl")
                     ts = time.monotonic()
-                    engine = start_engine(args, shape, plugin=(kind == "on"), stats_file=stats, step_file=step_file)
+                    engine = start_engine(args, shape, plugin=(kind != "off"), stats_file=stats, step_file=step_file,
+                                          env=ENGINE_ENV[kind])
                     start_s = time.monotonic() - ts
                     print(f"[{time.monotonic() - t0:.0f}s] {shape.name} plugin {kind} #{rep}: engine up in "
                           f"{start_s:.0f} s", flush=True)
@@ -733,13 +782,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           f"{_f(r['ms_step'])} ms/step over {r['n_steps']} steps, accept "
                                           f"{_f(r['accept_len'])}", flush=True)
                         problems.extend(f"{tag}: step probe: {e}" for e in read_step_times(step_file)["errors"])
-                        if stats and (kind == "off" or "json" in variants):  # the file is written per grammar step
+                        if stats and (kind == "off" or set(JSON_VARIANTS) & set(variants)):  # written per grammar step
                             active = bool(read_stats(stats).get("active"))
                             engines.append({"shape": shape.name, "plugin": kind, "rep": rep, "active": active,
                                             "start_s": start_s, "engine_s": time.monotonic() - ts})
-                            if active != (kind == "on"):
+                            if active != (kind != "off"):
                                 problems.append(f"{shape.name} plugin {kind} #{rep}: plugin active={active} in "
-                                                f"the engine started with {SWITCH_ENV}={int(kind == 'on')}")
+                                                f"the engine started with {SWITCH_ENV}={int(kind != 'off')}")
                     finally:
                         engine.shutdown()
                     write_outputs(result(), Path(args.out), name, final=False)  # a run cut short keeps this much

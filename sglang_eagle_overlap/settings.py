@@ -12,7 +12,7 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 | ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` | seconds between the INFO summary lines | 30 |
 | ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
 | ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the barrier advance and the mask build run on a grammar thread started \
-before the target-verify launch, joined before sampling; ``0``: inline on the scheduler thread after the launch | 1 |
+before the target-verify launch, joined before sampling; ``0``: inline on the scheduler thread after the launch | 0 |
 | ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only | 1 |
 """
 
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Type, Union
 
-__all__ = ["DEFAULT_FORCED_DRAFTS", "ENV", "Settings", "SettingsError", "default_mask_threads"]
+__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "ENV", "Settings", "SettingsError", "default_mask_threads"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -39,6 +39,11 @@ ENV = {
 # trained on the model's own JSON answers, plus ~0.1 ms of scheduler-thread time per step (README, "Grammar-forced
 # drafts").
 DEFAULT_FORCED_DRAFTS = True
+# The grammar thread is off unless switched on. Measured on an H200 (SGLang 0.5.16, CUDA graphs, README "GPU
+# benchmark", benchmarks/results/gpu_constrained_cuda_0.5.16_h200_*): the inline path was +0.2-3.7 % over unconstrained
+# (median step) where the thread path was +4.4-24.5 %, and its mask phase took 1.3-1.8x as long: next to the scheduler
+# thread's Python the helper waits for the GIL after each native call (benchmarks/bench_gil_convoy.py).
+DEFAULT_GRAMMAR_THREAD = False
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 
@@ -62,7 +67,7 @@ class Settings:
     stats_file: Optional[str] = None
     log_interval_s: float = 30.0
     timeline_file: Optional[str] = None
-    grammar_thread: bool = True
+    grammar_thread: bool = DEFAULT_GRAMMAR_THREAD
     forced_drafts: bool = DEFAULT_FORCED_DRAFTS
 
     @classmethod
@@ -97,7 +102,7 @@ class Settings:
             stats_file=get("stats_file") or None,
             log_interval_s=float(interval),
             timeline_file=get("timeline_file") or None,
-            grammar_thread=thread_raw not in _OFF,
+            grammar_thread=DEFAULT_GRAMMAR_THREAD if not thread_raw else thread_raw not in _OFF,
             forced_drafts=DEFAULT_FORCED_DRAFTS if not forced_raw else forced_raw not in _OFF,
         )
 

@@ -8,16 +8,21 @@
 #   check           OUT       unpack, then check torch + CUDA, SGLang, xgrammar and the plugin's entry point (~1 min)
 #   tests-greedy    OUT       CUDA tests: tree copy + greedy EAGLE3 = non-speculative, plugin on/off (5 engines)
 #   tests-other     OUT       CUDA tests: sampling accepted by the grammar + small KV pool retractions next to aborts
-#   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained)
-#                             and plugin-off engine (json), 160-token outputs (2 engine starts ~2-4 min + ~2 min)
-#   bench-topk4     OUT       the same for topk 4 / 8 draft tokens
+#   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained),
+#                             plugin-off engine (json, stock) and the plugin with its grammar thread (json),
+#                             160-token outputs (measured on an H200: 536 s with the archive's unpacking)
+#   bench-topk4     OUT       the topk 4 / 8 draft tokens rows without stock SGLang (~5 min: 2 engines)
+#   bench-stock     OUT SHAPE stock SGLang's column of one shape (topk 4: ~8 min; its slow grammar steps make its
+#                             rounds long: topk 4 bs 64 ~130 s each on the H200)
 #   bench-workload  OUT NAME [SHAPE]  the same benchmark, one shape (default topk1), for workload NAME
 #                             (WORKLOADS in benchmarks/bench_gpu_constrained.py: the hook for a second workload)
 #   merge           OUT DIR.. join the benchmark results found in the DIRs into one table in OUT (no GPU needed)
 #   env                       print the exports (source-able: eval "$(scripts/gpu/run.sh env)")
 #
-# The table is two device calls, `bench-topk1 OUT1` and `bench-topk4 OUT2`, then `merge OUT OUT1 OUT2` anywhere.
-# Times are estimates from the measured H200 table (engine start with CUDA graphs ~1-2 min), not measured runs.
+# The table is three device calls, `bench-topk1 OUT1`, `bench-topk4 OUT2` and `bench-stock OUT3 topk4`, then
+# `merge OUT OUT1 OUT2 OUT3` anywhere.
+# Times: bench-topk1 measured (H200, 2026-11-24); the others from the per-engine times of that day's calls (engine
+# start with CUDA graphs 40-100 s).
 # ARCHIVE_DIR (default scripts/gpu/archive) holds site.tar.xz and extra/*.whl. The site directory (SITE, default
 # /tmp/sglang-eo-site) is unpacked once per archive (its sha256 is stamped). Nothing is installed into the image's own
 # Python: everything goes on PYTHONPATH, first the checkout (the plugin), then SITE, then the import stand-ins (only
@@ -26,7 +31,7 @@
 # DRY_RUN=1 prints the command a sub-command would run and stops before anything is unpacked (tests use it).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-usage() { sed -n '5,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -34,13 +39,18 @@ out=""
 name=""
 merge_dirs=()
 case "$mode" in
-  check|tests-greedy|tests-other|bench-topk1|bench-topk4|bench-workload|merge)
+  check|tests-greedy|tests-other|bench-topk1|bench-topk4|bench-stock|bench-workload|merge)
     [ $# -ge 1 ] && [ "$1" != "--" ] || { echo "run.sh $mode: name an output folder: run.sh $mode OUT" >&2; exit 2; }
     out=$1
     shift ;;
   env) ;;
   *) echo "run.sh: unknown sub-command '$mode'" >&2; usage ;;
 esac
+if [ "$mode" = bench-stock ]; then
+  [ $# -ge 1 ] && [ "$1" != "--" ] || { echo "run.sh bench-stock: name the shape: run.sh bench-stock OUT SHAPE" >&2; exit 2; }
+  shape=$1
+  shift
+fi
 if [ "$mode" = bench-workload ]; then
   [ $# -ge 1 ] && [ "$1" != "--" ] || {
     echo "run.sh bench-workload: name the workload: run.sh bench-workload OUT NAME [SHAPE]" >&2; exit 2; }
@@ -56,12 +66,15 @@ fi
 [ "${1:-}" = "--" ] && shift
 py=${PYTHON:-python3}
 bench=(benchmarks/bench_gpu_constrained.py --device cuda --attention-backend triton --sampling-backend pytorch)
+# the table: the plugin (default path), unconstrained, stock SGLang, the plugin with its grammar thread (json-thread)
+table=(--variants json,unconstrained,json-off,json-thread)
 case "$mode" in
   tests-greedy) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/core/test_tree_copy.py
                      tests/gpu/test_cuda_engine.py::test_greedy_eagle3_token_identical_to_non_speculative) ;;
   tests-other) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/gpu/test_cuda_engine.py -k "not greedy") ;;
-  bench-topk1) cmd=("$py" "${bench[@]}" --shapes topk1) ;;
-  bench-topk4) cmd=("$py" "${bench[@]}" --shapes topk4) ;;
+  bench-topk1) cmd=("$py" "${bench[@]}" "${table[@]}" --shapes topk1) ;;
+  bench-topk4) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-thread --shapes topk4) ;;
+  bench-stock) cmd=("$py" "${bench[@]}" --variants json-off --shapes "$shape") ;;
   bench-workload) cmd=("$py" "${bench[@]}" --workload "$name" --shapes "$shape") ;;
   merge) cmd=("$py" benchmarks/bench_gpu_constrained.py --merge) ;;
   *) cmd=() ;;

@@ -120,7 +120,8 @@ def test_summaries_rows_and_markdown(bench):
            "mask_timeouts": 8}] * 2
     on = bench.summarize_cell(rounds, ph)
     assert on["ms_step"] == pytest.approx(11.5) and on["ms_step_best"] == 10.0 and on["n_steps"] == 6
-    assert on["n"] == 2 and on["grammar_ms"] == 0.5 and on["ms_token"] == pytest.approx(11.5)
+    assert on["n"] == 2 and on["grammar_ms"] == 0.5 and on["ms_step_mean"] == pytest.approx(67 / 6)
+    assert on["ms_token"] == pytest.approx(67 / 6)  # what a request pays: the mean step over the accept length
     assert on["phases"]["advance_ms"] == pytest.approx(2.0) and on["phases"]["mask_ms"] == pytest.approx(1.0)
     assert on["phases"]["mask_timeouts_per_request"] == pytest.approx(1.0)
     unc = bench.summarize_cell([rnd([8.0], accept=2.0)], [])
@@ -135,8 +136,35 @@ def test_summaries_rows_and_markdown(bench):
               "repeats": 1, "command": "python benchmarks/bench_gpu_constrained.py", "rows": rows, "problems": []}
     md = bench.markdown(result)
     assert "| topk1 | 8 | 8.00 (8.00-8.00) | 11.50 (10.00-12.00) | 23.00 (23.00-23.00) | 8.00 / 10.00 / 23.00 |" in md
-    assert "+43.8%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30" in md
+    assert "+43.8% / +39.6%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30" in md  # median / mean over unc.
+    assert "| 8.00 / 11.17 / 23.00 |" in md  # the means side by side
     assert "| 1 / 6 / 1 |" in md  # steps per variant
+
+
+def test_thread_path_column_and_resummarize_from_raw(bench):
+    """The grammar-thread engine (json-thread) gets its own columns, compared with unconstrained and the default path
+    of the same run; a result file is re-summarized from its raw rounds (older files gain the mean), row by row."""
+    def rnd(steps):
+        return {"ms_step": bench.statistics.median(steps), "n_steps": len(steps),
+                "steps": [[x, 0.5, 1.0, 8, 1.0] for x in steps], "accept_len": 1.0, "full_batch": True,
+                "requests": 8}
+
+    raw = [{"shape": "topk1", "bs": 8, "variant": "unconstrained", "rounds": [rnd([8.0, 8.0, 8.0])], "phases": []},
+           {"shape": "topk1", "bs": 8, "variant": "json", "rounds": [rnd([9.0, 9.0, 90.0])], "phases": []},
+           {"shape": "topk1", "bs": 8, "variant": "json-thread", "rounds": [rnd([8.0, 8.4, 40.0])], "phases": []}]
+    old = {"machine": {"device_name": "H200", "cpus": 16, "sglang": "0.5.16", "xgrammar": "0.2.1", "torch": "2.11",
+                       "python": "3.12"}, "model": "m", "max_new_tokens": 160, "rounds": 1, "repeats": 1,
+           "command": "c", "shapes": [{"name": "topk1"}], "batch_sizes": [8], "raw": raw, "problems": [],
+           "rows": [{"shape": "topk1", "bs": 8}]}  # rows of an older version: no mean
+    new = bench.resummarize(old)
+    (row,) = new["rows"]
+    assert row["json"]["ms_step"] == 9.0 and row["json"]["ms_step_mean"] == pytest.approx(36.0)
+    assert row["overhead"] == pytest.approx(9 / 8 - 1) and row["overhead_mean"] == pytest.approx(36 / 8 - 1)
+    assert row["thread_overhead"] == pytest.approx(8.4 / 8 - 1) and row["thread_over_on"] == pytest.approx(8.4 / 9)
+    assert row["thread_overhead_mean"] == pytest.approx(56.4 / 3 / 8 - 1)
+    md = bench.markdown(new)
+    assert "json thread ms/step" in md and "| 8.40 (8.08-33.68) | 18.80 | +5.0% / +135.0% | 0.93x |" in md
+    assert bench.resummarize({"rows": [1]}) == {"rows": [1]}  # nothing raw: unchanged
 
 
 @pytest.mark.engine

@@ -83,6 +83,7 @@ class EngineConfig:
     max_running_requests: int = 8
     tp_size: int = 1  # > 1: one scheduler process per TP rank, collectives over gloo (see cpu_env)
     forced_drafts: Optional[bool] = None  # SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS for the product plugin (None: its default)
+    grammar_thread: Optional[bool] = None  # SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD for the product plugin (None: its default)
     extra: tuple[tuple[str, Any], ...] = ()  # further sglang.Engine keyword arguments
 
     def describe(self) -> str:
@@ -93,6 +94,7 @@ class EngineConfig:
             + (f"-reasoning-{self.reasoning_parser}" if self.reasoning_parser else "")
             + (f"-tp{self.tp_size}" if self.tp_size > 1 else "")
             + ("" if self.forced_drafts is None else f"-forced{'on' if self.forced_drafts else 'off'}")
+            + ("" if self.grammar_thread is None else f"-thread{'on' if self.grammar_thread else 'off'}")
         )
 
 
@@ -158,6 +160,7 @@ def _think_pair(cfg: EngineConfig) -> models.ModelPair:
 
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 FORCED_ENV = ENV["forced_drafts"]  # the product plugin's forced-draft switch (EngineConfig.forced_drafts)
+THREAD_ENV = ENV["grammar_thread"]  # the product plugin's grammar-thread switch (EngineConfig.grammar_thread)
 
 
 def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
@@ -172,10 +175,10 @@ def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
 
 
 def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1,
-            forced_drafts: Optional[bool] = None) -> dict[str, str]:
+            forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None) -> dict[str, str]:
     """The environment variables (to add to ``os.environ``) an SGLang CPU test process needs; ``ranks`` > 1 (TP)
-    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`); ``forced_drafts`` sets the plugin's forced-draft switch
-    (None: unset, the plugin's default)."""
+    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`); ``forced_drafts`` / ``grammar_thread`` set the plugin's
+    forced-draft / grammar-thread switch (None: unset, the plugin's default)."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if SITE_DIR not in paths:
         paths.insert(0, SITE_DIR)
@@ -191,18 +194,20 @@ def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, rank
         env[STATS_ENV] = str(stats_file)
     if ranks > 1:
         env[THREADS_BIND_ENV] = threads_bind(ranks)
-    if forced_drafts is not None:
-        env[FORCED_ENV] = "1" if forced_drafts else "0"
+    for var, value in ((FORCED_ENV, forced_drafts), (THREAD_ENV, grammar_thread)):
+        if value is not None:
+            env[var] = "1" if value else "0"
     return env
 
 
 def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1,
-                  forced_drafts: Optional[bool] = None) -> None:
+                  forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None) -> None:
     """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it), drop what an earlier
     configuration set and this one does not, and make the torchvision shim active in this process."""
-    os.environ.update(cpu_env(stats_file, product_plugin, ranks, forced_drafts))
-    if forced_drafts is None:
-        os.environ.pop(FORCED_ENV, None)
+    os.environ.update(cpu_env(stats_file, product_plugin, ranks, forced_drafts, grammar_thread))
+    for var, value in ((FORCED_ENV, forced_drafts), (THREAD_ENV, grammar_thread)):
+        if value is None:
+            os.environ.pop(var, None)
     if not stats_file:
         os.environ.pop(STATS_ENV, None)
     if ranks <= 1:
@@ -248,7 +253,7 @@ def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) ->
 def start_engine(cfg: EngineConfig, stats_file: Optional[str] = None):
     """Start an in-process ``sglang.Engine``. The caller must run under ``if __name__ == "__main__"`` or pytest (the
     scheduler is spawned) and call ``.shutdown()``."""
-    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts)
+    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts, cfg.grammar_thread)
     if stats_file:
         from sglang_eagle_overlap.core.stats import rank_stats_path
 

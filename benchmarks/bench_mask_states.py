@@ -1,0 +1,428 @@
+"""Which grammar states make xgrammar's ``fill_next_token_bitmask`` slow on ``BENCH_SCHEMA`` with a 128k vocabulary.
+
+What it measures: engine-free, xgrammar alone. ``BENCH_SCHEMA`` (from ``benchmarks/bench_gpu_constrained.py``, read
+with ``ast`` so that no benchmark helper is imported) is compiled as SGLang compiles it with
+``constrained_json_disable_any_whitespace=True``: ``GrammarCompiler.compile_json_schema(schema, any_whitespace=False)``
+against ``TokenizerInfo.from_huggingface(tokenizer, vocab_size=128256)``, the tokenizer being the dev 128k byte-level
+BPE (``sglang_eo_dev.cpu_runtime.models.build_tokenizer(128256)``, Llama-3 sized). A fixed valid instance of the schema
+(``log`` of 64+ ``{"t", "m"}`` items, ``m`` strings of every length 1..12) is serialised the way that grammar
+requires and tokenised (no special tokens); a ``GrammarMatcher`` walks it token by token (every token must be in the
+mask and accepted; the stop token must be allowed and terminate at the end), and ``fill_next_token_bitmask`` is timed
+at every position (one bitmask row, CPU):
+
+* ``first``: the first walk of a freshly compiled grammar (a fresh matcher), i.e. the first call at each state;
+* ``second``: in that same walk, an immediate second call at the same state (shows any per-state cache);
+* ``median``: the median over ``--repeats`` further walks, each with a fresh matcher.
+
+Each position is labelled with its grammar state (e.g. ``log.m string, 4 chars in (8 left)``) and the last 20
+characters of text before it. The walk is repeated for schema variants that drop one feature at a time (``m``
+maxLength / minLength, ``t`` minimum/maximum, ``tags`` item maxLength, the ``id`` / ``zip`` patterns, ``log``
+minItems, ...) to attribute the slow states to a schema feature.
+
+Note on the text: with ``any_whitespace=False`` and no ``separators`` xgrammar's JSON grammar uses ``", "`` and
+``": "`` (json.dumps' defaults), so that is how the instance is written; a fully compact ``{"id":...}`` is rejected at
+the first ``":"``.
+
+Run (CPU only, a few minutes; the lock keeps the timings away from engine runs on shared machines)::
+
+    flock /tmp/sglang-engine.lock nice -n 5 .venvs/sglang-0.5.16/bin/python benchmarks/bench_mask_states.py
+    flock /tmp/sglang-engine.lock nice -n 5 .venvs/sglang-0.5.23/bin/python benchmarks/bench_mask_states.py
+    python benchmarks/bench_mask_states.py --quick            # baseline + two variants, fewer repeats
+
+Writes ``mask_states_<xgrammar version>.{md,json}`` under ``--out`` (default ``benchmarks/results``). Not a test: no
+timing gates anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import dataclasses
+import gc
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import statistics
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB_SIZE = 128256
+SLOW_BINS_MS = (1.0, 5.0, 20.0)
+CONTEXT_CHARS = 20
+
+# m strings of every length 1..12 (word-like, so the tokenizer uses multi-character tokens as a model would).
+M_POOL: Dict[int, Tuple[str, ...]] = {
+    1: ("a", "x", "k"),
+    2: ("ok", "go", "up"),
+    3: ("ack", "end", "err"),
+    4: ("done", "sync", "idle"),
+    5: ("retry", "flush", "start"),
+    6: ("paused", "closed", "reboot"),
+    7: ("timeout", "flushed", "stopped"),
+    8: ("rollback", "shutdown", "finished"),
+    9: ("reconnect", "cache hit", "user left"),
+    10: ("disk full!", "queue idle", "batch done"),
+    11: ("user logout", "cache miss7", "job retried"),
+    12: ("cache miss 7", "sync started", "all clear ok"),
+}
+
+
+# --- schema and its variants ---------------------------------------------------------------------------------------
+
+
+def load_bench_schema(path: Optional[Path] = None) -> Dict[str, Any]:
+    """``BENCH_SCHEMA`` as written in ``bench_gpu_constrained.py`` (a literal; parsed, not imported)."""
+    path = path or ROOT / "benchmarks" / "bench_gpu_constrained.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "BENCH_SCHEMA" and node.value is not None:
+            value = ast.literal_eval(node.value)
+            if not isinstance(value, dict):
+                raise TypeError(f"BENCH_SCHEMA in {path} is not a dict literal")
+            return value
+    raise LookupError(f"no BENCH_SCHEMA literal in {path}")
+
+
+def _props(schema: Dict[str, Any], *path: str) -> Dict[str, Any]:
+    """The sub-schema at ``path`` (object property names; ``items`` steps into an array's item schema)."""
+    node = schema
+    for key in path:
+        node = node["items"] if key == "items" else node["properties"][key]
+    return node
+
+
+def _drop(*edits: Tuple[Tuple[str, ...], Sequence[str]]) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
+    def apply(base: Dict[str, Any]) -> Dict[str, Any]:
+        schema = copy.deepcopy(base)
+        for path, keys in edits:
+            node = _props(schema, *path)
+            for key in keys:
+                if key not in node:
+                    raise KeyError(f"{'/'.join(path)} has no {key!r} to drop")
+                del node[key]
+        return schema
+    return apply
+
+
+def _set(path: Tuple[str, ...], drop: Sequence[str], **values: Any) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
+    def apply(base: Dict[str, Any]) -> Dict[str, Any]:
+        schema = _drop((path, drop))(base) if drop else copy.deepcopy(base)
+        _props(schema, *path).update(values)
+        return schema
+    return apply
+
+
+M = ("log", "items", "m")
+STRINGS_WITH_MAX = (("name",), ("address", "city"), ("tags", "items"), M)
+
+# name -> (what changes, how). Every variant only loosens or re-expresses the schema, so the instance stays valid.
+VARIANTS: Dict[str, Tuple[str, Callable[[Dict[str, Any]], Dict[str, Any]]]] = {
+    "baseline": ("BENCH_SCHEMA as is", copy.deepcopy),
+    "m_no_maxLength": ("log[].m without maxLength 12", _drop((M, ["maxLength"]))),
+    "m_no_minLength": ("log[].m without minLength 1", _drop((M, ["minLength"]))),
+    "m_no_lengths": ("log[].m without minLength and maxLength", _drop((M, ["minLength", "maxLength"]))),
+    "m_maxLength_64": ("log[].m maxLength 64 instead of 12", _set(M, [], maxLength=64)),
+    "m_pattern": ("log[].m as pattern ^[^\\x00-\\x1f\"\\\\]{1,12}$ (the README workaround) instead of lengths",
+                  _set(M, ["minLength", "maxLength"], pattern='^[^\\x00-\\x1f"\\\\]{1,12}$')),
+    "t_no_range": ("log[].t without minimum/maximum", _drop((("log", "items", "t"), ["minimum", "maximum"]))),
+    "tags_item_no_maxLength": ("tags[] items without maxLength 16", _drop((("tags", "items"), ["maxLength"]))),
+    "no_patterns": ("id and address.zip without pattern", _drop((("id",), ["pattern"]),
+                                                                 (("address", "zip"), ["pattern"]))),
+    "log_no_minItems": ("log without minItems 64", _drop((("log",), ["minItems"]))),
+    "other_strings_no_maxLength": ("name, city, tags[] without maxLength (m keeps its lengths)",
+                                   _drop((("name",), ["minLength", "maxLength"]), (("address", "city"), ["maxLength"]),
+                                         (("tags", "items"), ["maxLength"]))),
+    "no_string_lengths": ("no minLength/maxLength on any string", _drop(
+        (("name",), ["minLength", "maxLength"]), (("address", "city"), ["maxLength"]),
+        (("tags", "items"), ["maxLength"]), (M, ["minLength", "maxLength"]))),
+}
+QUICK_VARIANTS = ("baseline", "m_no_maxLength", "t_no_range")
+
+
+# --- the instance --------------------------------------------------------------------------------------------------
+
+
+def make_instance(n_items: int = 72, seed: int = 0) -> Dict[str, Any]:
+    """A valid BENCH_SCHEMA document: ``n_items`` log items, t in 0..999 (edges included), m of every length 1..12."""
+    if n_items < 64:
+        raise ValueError("BENCH_SCHEMA's log needs minItems 64")
+    rng = random.Random(seed)
+    ts = [0, 7, 10, 99, 100, 999] + [rng.randint(0, 999) for _ in range(n_items)]
+    lengths = [1 + i % 12 for i in range(n_items)]
+    rng.shuffle(lengths)
+    log = [{"t": ts[i], "m": rng.choice(M_POOL[lengths[i]])} for i in range(n_items)]
+    # name / city / first tag run close to their maxLength (40 / 24 / 16), so their last characters are walked too.
+    return {"id": "ABC-1234", "name": "Alexandra Montgomery-Whitfield 3rd Ward",
+            "address": {"city": "Port Saint Lucie Harbor", "zip": "12345"},
+            "tags": ["maintenance-due", "beta"], "log": log}
+
+
+def serialise(doc: Dict[str, Any]) -> str:
+    """The text the any_whitespace=False grammar admits: xgrammar's default separators ``", "`` / ``": "``."""
+    return json.dumps(doc, separators=(", ", ": "), ensure_ascii=False)
+
+
+_STRING_FIELD = re.compile(r'"(id|name|city|zip|m)": "([^"\\]*)$')
+_TAG_ITEM = re.compile(r'"tags": \[(?:"[^"\\]*", )*"([^"\\]*)$')
+_INT_FIELD = re.compile(r'"(t)": (\d*)$')
+_MAX_LENGTH = {"name": 40, "city": 24, "m": 12, "tags": 16}
+
+
+def state_label(prefix: str) -> str:
+    """A readable grammar state for the text ``prefix`` of the instance (string/number field and how far into it)."""
+    found = _STRING_FIELD.search(prefix)
+    if found:
+        key, chars = found.group(1), len(found.group(2))
+        field = {"m": "log.m", "city": "address.city", "zip": "address.zip"}.get(key, key)
+        left = f" ({_MAX_LENGTH[key] - chars} left)" if key in _MAX_LENGTH else ""
+        return f"{field} string, {chars} chars in{left}"
+    found = _TAG_ITEM.search(prefix)
+    if found:
+        chars = len(found.group(1))
+        return f"tags item string, {chars} chars in ({_MAX_LENGTH['tags'] - chars} left)"
+    found = _INT_FIELD.search(prefix)
+    if found:
+        return f"log.t integer, {len(found.group(2))} digits in"
+    return "structure (keys, separators, brackets)"
+
+
+# --- timing --------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Walk:
+    first_ms: List[float]
+    second_ms: List[float]
+
+
+def walk(xgr: Any, compiled: Any, ids: Sequence[int], stop_id: int, vocab_size: int, same_state_repeat: bool,
+         check: bool) -> Walk:
+    """One fresh matcher over ``ids``: fill (timed) then accept, at every position, plus the final (stop) position."""
+    matcher = xgr.GrammarMatcher(compiled)
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    first: List[float] = []
+    second: List[float] = []
+    clock = time.perf_counter_ns
+    for i, token in enumerate(list(ids) + [stop_id]):
+        t0 = clock()
+        matcher.fill_next_token_bitmask(bitmask)
+        t1 = clock()
+        first.append((t1 - t0) / 1e6)
+        if same_state_repeat:
+            t0 = clock()
+            matcher.fill_next_token_bitmask(bitmask)
+            second.append((clock() - t0) / 1e6)
+        if check and not (int(bitmask[0, token // 32]) >> (token % 32)) & 1:
+            raise AssertionError(f"position {i}: token {token} is not in the mask")
+        if not matcher.accept_token(token):
+            raise AssertionError(f"position {i}: token {token} rejected")
+    if check and not matcher.is_terminated():
+        raise AssertionError("the matcher did not terminate after the stop token")
+    return Walk(first, second)
+
+
+def summarize(ms: Sequence[float], n_output_tokens: int) -> Dict[str, Any]:
+    out: Dict[str, Any] = {f"n_gt_{b:g}ms": sum(1 for x in ms if x > b) for b in SLOW_BINS_MS}
+    out.update({
+        "total_ms": round(sum(ms), 3),
+        "ms_per_token": round(sum(ms) / n_output_tokens, 4),
+        "median_ms": round(statistics.median(ms), 4),
+        "max_ms": round(max(ms), 3),
+    })
+    return out
+
+
+def vocab_lengths(decoded_vocab: Sequence[bytes]) -> Dict[str, Any]:
+    """Token lengths in characters (what maxLength counts; a partial UTF-8 sequence counts one per byte): how many
+    string-safe tokens (no quote, backslash, CR, LF) are longer than N characters, N = 0..16."""
+    safe = [t.decode("utf-8", errors="replace") for t in decoded_vocab if t and not any(c in t for c in b'"\\\r\n')]
+    chars = [len(t) for t in safe]
+    return {
+        "max_bytes_any": max(len(t) for t in decoded_vocab),
+        "max_chars_string_safe": max(chars),
+        "string_safe_longer_than": {n: sum(1 for x in chars if x > n) for n in range(17)},
+    }
+
+
+def run_variant(xgr: Any, info: Any, schema: Dict[str, Any], ids: Sequence[int], stop_id: int, repeats: int
+                ) -> Dict[str, Any]:
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+    t0 = time.perf_counter()
+    compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+    compile_s = time.perf_counter() - t0
+    cold = walk(xgr, compiled, ids, stop_id, info.vocab_size, same_state_repeat=True, check=True)
+    reps = [walk(xgr, compiled, ids, stop_id, info.vocab_size, same_state_repeat=False, check=False).first_ms
+            for _ in range(repeats)]
+    median = [statistics.median(col) for col in zip(*reps)] if reps else list(cold.first_ms)
+    n_out = len(ids) + 1
+    return {
+        "compile_s": round(compile_s, 3),
+        "first_ms": [round(x, 4) for x in cold.first_ms],
+        "second_ms": [round(x, 4) for x in cold.second_ms],
+        "median_ms": [round(x, 4) for x in median],
+        "summary": {"first": summarize(cold.first_ms, n_out), "second": summarize(cold.second_ms, n_out),
+                    "median": summarize(median, n_out)},
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+# --- report --------------------------------------------------------------------------------------------------------
+
+
+def by_state(labels: Sequence[str], ms: Sequence[float]) -> List[Dict[str, Any]]:
+    groups: Dict[str, List[float]] = {}
+    for label, x in zip(labels, ms):
+        groups.setdefault(label, []).append(x)
+    rows = [{"state": k, "n": len(v), "median_ms": round(statistics.median(v), 3), "max_ms": round(max(v), 3),
+             "total_ms": round(sum(v), 2)} for k, v in groups.items()]
+    return sorted(rows, key=lambda r: -r["median_ms"])
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2f}" if x < 100 else f"{x:.0f}"
+
+
+def write_md(result: Dict[str, Any], path: Path, top: int) -> None:
+    meta, pos, variants = result["meta"], result["positions"], result["variants"]
+    lines = [
+        f"# fill_next_token_bitmask per grammar state: BENCH_SCHEMA, {meta['vocab_size']}-token vocabulary, "
+        f"xgrammar {meta['xgrammar']}",
+        "",
+        f"`{meta['command']}`  ",
+        f"Machine: {meta['machine']['cpus']} CPUs ({meta['machine']['machine']}), python {meta['machine']['python']}, "
+        f"sglang {meta['sglang']}, transformers {meta['transformers']}. Tokenizer: {meta['tokenizer']}.  ",
+        f"Instance: {meta['n_log_items']} log items, {meta['n_tokens']} tokens + the stop position = "
+        f"{meta['n_tokens'] + 1} mask fills per walk; `first` = first walk (first call per state), `second` = an "
+        f"immediate second call at the same state, `median` = median of {meta['repeats']} further walks (fresh "
+        "matcher each). One bitmask row, CPU, one thread. ms per token = total fill time of a walk / positions.",
+        "",
+        "## Variants",
+        "",
+        "| variant | change | compile s | ms/token first | ms/token median | >1 ms | >5 ms | >20 ms | max ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, v in variants.items():
+        s, f = v["summary"]["median"], v["summary"]["first"]
+        lines.append(f"| {name} | {v['description']} | {v['compile_s']:.2f} | {f['ms_per_token']:.3f} | "
+                     f"{s['ms_per_token']:.3f} | {s['n_gt_1ms']} | {s['n_gt_5ms']} | {s['n_gt_20ms']} | "
+                     f"{_fmt(s['max_ms'])} |")
+    lines += ["", "Counts (>1/>5/>20 ms) and max use the per-position median.", ""]
+    base = variants.get("baseline")
+    if base:
+        labels = [p["state"] for p in pos]
+        lines += ["## Baseline: slowest positions", "",
+                  "| pos | state | last chars before it | next token | first ms | second ms | median ms |",
+                  "|---:|---|---|---|---:|---:|---:|"]
+        order = sorted(range(len(pos)), key=lambda i: -base["median_ms"][i])[:top]
+        for i in order:
+            p = pos[i]
+            lines.append(f"| {i} | {p['state']} | `{p['context']}` | `{p['token']}` | {_fmt(base['first_ms'][i])} | "
+                         f"{_fmt(base['second_ms'][i])} | {_fmt(base['median_ms'][i])} |")
+        lines += ["", "## Baseline: per state (median over the positions in that state)", "",
+                  "| state | positions | median ms | max ms | total ms |", "|---|---:|---:|---:|---:|"]
+        for row in by_state(labels, base["median_ms"]):
+            lines.append(f"| {row['state']} | {row['n']} | {_fmt(row['median_ms'])} | {_fmt(row['max_ms'])} | "
+                         f"{_fmt(row['total_ms'])} |")
+        vl = result["vocab_token_lengths"]
+        lines += ["", f"Vocabulary: longest token {vl['max_bytes_any']} bytes; longest token without `\"`, `\\`, CR, LF "
+                  f"(one that could sit inside a string) {vl['max_chars_string_safe']} characters. Such tokens longer than "
+                  "N characters: " + ", ".join(f"N={n}: {c}" for n, c in vl["string_safe_longer_than"].items()) + "."]
+    path.write_text("\n".join(lines) + "\n")
+
+
+# --- main ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--items", type=int, default=72, help="log items in the instance (>= 64)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed walks after the first, per variant (median)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list, from: " + ", ".join(VARIANTS))
+    ap.add_argument("--quick", action="store_true", help=f"variants {', '.join(QUICK_VARIANTS)}, 1 repeat")
+    ap.add_argument("--top", type=int, default=30, help="slowest baseline positions listed in the md")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    names = list(QUICK_VARIANTS) if args.quick else [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}")
+    repeats = 1 if args.quick else args.repeats
+
+    sys.path.insert(0, str(ROOT / "dev"))  # the dev tokenizer builder; main only, not on import
+    import transformers
+    import xgrammar as xgr
+    from sglang_eo_dev.cpu_runtime.models import build_tokenizer
+
+    tok_dir = build_tokenizer(VOCAB_SIZE)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=VOCAB_SIZE)
+    stop_ids = list(info.stop_token_ids)
+    if not stop_ids:
+        raise RuntimeError("the tokenizer has no stop token")
+    schema = load_bench_schema()
+    doc = make_instance(args.items, args.seed)
+    text = serialise(doc)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if tokenizer.decode(ids) != text:
+        raise AssertionError("tokenizer round trip changed the text")
+    prefixes = [tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
+    positions = [{"state": state_label(p), "context": p[-CONTEXT_CHARS:].replace("|", "\\|"),
+                  "token": (tokenizer.decode([t]) if i < len(ids) else "<stop>").replace("|", "\\|")}
+                  for i, (p, t) in enumerate(zip(prefixes, list(ids) + [stop_ids[0]]))]
+
+    result: Dict[str, Any] = {
+        "meta": {
+            "what": "xgrammar fill_next_token_bitmask time per position of a BENCH_SCHEMA instance",
+            "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT),
+                                                          "benchmarks/bench_mask_states.py", *sys.argv[1:]]),
+            "xgrammar": version("xgrammar"), "sglang": version("sglang"), "transformers": version("transformers"),
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine(),
+                        "processor": platform.processor()},
+            "tokenizer": f"sglang_eo_dev build_tokenizer({VOCAB_SIZE}) (byte-level BPE)",
+            "vocab_size": VOCAB_SIZE, "any_whitespace": False, "schema": schema, "n_log_items": args.items,
+            "text": text, "n_tokens": len(ids), "token_ids": ids, "stop_token_id": stop_ids[0], "repeats": repeats,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+        "vocab_token_lengths": vocab_lengths([bytes(t) if not isinstance(t, bytes) else t
+                                              for t in info.decoded_vocab]),
+        "positions": positions,
+        "variants": {},
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"mask_states_{version('xgrammar')}"
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for name in names:
+            description, make = VARIANTS[name]
+            r = run_variant(xgr, info, make(schema), ids, stop_ids[0], repeats)
+            result["variants"][name] = {"description": description, "schema": make(schema), **r}
+            s = r["summary"]
+            print(f"{name:28s} compile {r['compile_s']:5.2f}s  ms/token first {s['first']['ms_per_token']:7.3f} "
+                  f"median {s['median']['ms_per_token']:7.3f}  >1/>5/>20 ms {s['median']['n_gt_1ms']}/"
+                  f"{s['median']['n_gt_5ms']}/{s['median']['n_gt_20ms']}  max {s['median']['max_ms']:.1f} ms  "
+                  f"({r['wall_s']:.1f}s)", flush=True)
+            result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            Path(f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+            write_md(result, Path(f"{stem}.md"), args.top)
+    finally:
+        if gc_was:
+            gc.enable()
+    print(f"wrote {stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
