@@ -83,10 +83,16 @@ def load_bench_schema(path: Optional[Path] = None) -> Dict[str, Any]:
     path = path or ROOT / "benchmarks" / "bench_gpu_constrained.py"
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and target.id == "BENCH_SCHEMA" and node.value is not None:
-            value = ast.literal_eval(node.value)
+        target: ast.expr
+        expr: Optional[ast.expr]
+        if isinstance(node, ast.AnnAssign):
+            target, expr = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, expr = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "BENCH_SCHEMA" and expr is not None:
+            value = ast.literal_eval(expr)
             if not isinstance(value, dict):
                 raise TypeError(f"BENCH_SCHEMA in {path} is not a dict literal")
             return value
@@ -196,6 +202,12 @@ def state_label(prefix: str) -> str:
     return "structure (keys, separators, brackets)"
 
 
+def chars_left(prefix: str) -> Optional[int]:
+    """Characters a maxLength string (BENCH_SCHEMA's limits) may still take at ``prefix``; None outside one."""
+    found = re.search(r"\((\d+) left\)$", state_label(prefix))
+    return int(found.group(1)) if found else None
+
+
 # --- timing --------------------------------------------------------------------------------------------------------
 
 
@@ -242,10 +254,12 @@ def summarize(ms: Sequence[float], n_output_tokens: int) -> Dict[str, Any]:
     return out
 
 
-def vocab_lengths(decoded_vocab: Sequence[bytes]) -> Dict[str, Any]:
+def vocab_lengths(decoded_vocab: Sequence[bytes], special_ids: Sequence[int]) -> Dict[str, Any]:
     """Token lengths in characters (what maxLength counts; a partial UTF-8 sequence counts one per byte): how many
-    string-safe tokens (no quote, backslash, CR, LF) are longer than N characters, N = 0..16."""
-    safe = [t.decode("utf-8", errors="replace") for t in decoded_vocab if t and not any(c in t for c in b'"\\\r\n')]
+    string-safe tokens (not special; no quote, backslash, CR, LF) are longer than N characters, N = 0..16."""
+    special = set(special_ids)
+    safe = [t.decode("utf-8", errors="replace") for i, t in enumerate(decoded_vocab)
+            if t and i not in special and not any(c in t for c in b'"\\\r\n')]
     chars = [len(t) for t in safe]
     return {
         "max_bytes_any": max(len(t) for t in decoded_vocab),
@@ -328,15 +342,33 @@ def write_md(result: Dict[str, Any], path: Path, top: int) -> None:
             p = pos[i]
             lines.append(f"| {i} | {p['state']} | `{p['context']}` | `{p['token']}` | {_fmt(base['first_ms'][i])} | "
                          f"{_fmt(base['second_ms'][i])} | {_fmt(base['median_ms'][i])} |")
+        lines += ["", "## Characters left in a maxLength string (name, address.city, tags[], log[].m) -> median ms",
+                  "", "Columns: characters the string may still take before the fill; cells: median over those "
+                  "positions of the per-position median (positions).", "",
+                  "| variant | strings | " + " | ".join(f"{n} left" for n in range(13)) + " | >12 left |",
+                  "|---|---|" + "---:|" * 14]
+        groups: Tuple[Tuple[str, Callable[[str], bool]], ...] = (
+            ("log[].m", lambda st: st.startswith("log.m")), ("name/city/tags[]", lambda st: not st.startswith("log.m")))
+        for name, v in variants.items():
+            for group, member in groups:
+                cells = []
+                for lo, hi in [(n, n) for n in range(13)] + [(13, 10 ** 6)]:
+                    xs = [v["median_ms"][i] for i, p in enumerate(pos)
+                          if p["left"] is not None and lo <= p["left"] <= hi and member(p["state"])]
+                    cells.append(f"{_fmt(statistics.median(xs))} ({len(xs)})" if xs else "")
+                lines.append(f"| {name} | {group} | " + " | ".join(cells) + " |")
+        lines += ["", "(`left` is computed from BENCH_SCHEMA's limits; in a variant without that limit the same "
+                  "positions are just string positions.)"]
         lines += ["", "## Baseline: per state (median over the positions in that state)", "",
                   "| state | positions | median ms | max ms | total ms |", "|---|---:|---:|---:|---:|"]
         for row in by_state(labels, base["median_ms"]):
             lines.append(f"| {row['state']} | {row['n']} | {_fmt(row['median_ms'])} | {_fmt(row['max_ms'])} | "
                          f"{_fmt(row['total_ms'])} |")
         vl = result["vocab_token_lengths"]
-        lines += ["", f"Vocabulary: longest token {vl['max_bytes_any']} bytes; longest token without `\"`, `\\`, CR, LF "
-                  f"(one that could sit inside a string) {vl['max_chars_string_safe']} characters. Such tokens longer than "
-                  "N characters: " + ", ".join(f"N={n}: {c}" for n, c in vl["string_safe_longer_than"].items()) + "."]
+        lines += ["", f"Vocabulary: longest token {vl['max_bytes_any']} bytes; longest non-special token without "
+                  f"`\"`, `\\`, CR, LF (one that could sit inside a string) {vl['max_chars_string_safe']} characters. "
+                  "Such tokens longer than N characters: "
+                  + ", ".join(f"N={n}: {c}" for n, c in vl["string_safe_longer_than"].items()) + "."]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -376,9 +408,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if tokenizer.decode(ids) != text:
         raise AssertionError("tokenizer round trip changed the text")
-    prefixes = [tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
-    positions = [{"state": state_label(p), "context": p[-CONTEXT_CHARS:].replace("|", "\\|"),
-                  "token": (tokenizer.decode([t]) if i < len(ids) else "<stop>").replace("|", "\\|")}
+    prefixes: List[str] = [str(tokenizer.decode(ids[:i])) for i in range(len(ids) + 1)]
+    positions = [{"state": state_label(p), "left": chars_left(p), "context": p[-CONTEXT_CHARS:].replace("|", "\\|"),
+                  "token": (str(tokenizer.decode([t])) if i < len(ids) else "<stop>").replace("|", "\\|")}
                   for i, (p, t) in enumerate(zip(prefixes, list(ids) + [stop_ids[0]]))]
 
     result: Dict[str, Any] = {
@@ -394,8 +426,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "text": text, "n_tokens": len(ids), "token_ids": ids, "stop_token_id": stop_ids[0], "repeats": repeats,
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         },
-        "vocab_token_lengths": vocab_lengths([bytes(t) if not isinstance(t, bytes) else t
-                                              for t in info.decoded_vocab]),
+        "vocab_token_lengths": vocab_lengths(list(info.decoded_vocab),
+                                             sorted({*info.special_token_ids, *tokenizer.all_special_ids, *stop_ids})),
         "positions": positions,
         "variants": {},
     }
