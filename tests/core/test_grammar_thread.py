@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eo_dev.helpers.grammars import doc_tokens, matcher
 from sglang_eo_dev.helpers.trees import eagle_tree
 
@@ -178,3 +179,57 @@ def test_an_error_of_the_job_is_raised_at_the_join():
         assert step.finish_build(job, device="cpu").device_mask is not None
     finally:
         step.close()
+
+
+class _Exporter:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def observe_step(self, grammar_s, unhidden_s, timeouts, *, forced_proposed=0, forced_accepted=0) -> None:
+        self.calls.append((grammar_s, unhidden_s, timeouts, forced_proposed, forced_accepted))
+
+
+class _Timeline(Timeline):
+    """Enabled, records in memory only (no writer thread, no file)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.enabled = True
+        self._writer = object()  # never start the file writer
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_finish_build_reports_what_ran_where(threaded):
+    """The step's own account: stats (scheduler-thread time, join wait only when joined), the exporter's per-step
+    call with the forced-draft deltas, and the timeline's spans in order on the right batch size."""
+    spec, nxt, sib, tok, copy = _setup(5, bs=6)
+    tl = _Timeline()
+    exporter = _Exporter()
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=threaded, timeline=tl,
+                       exporter=exporter)
+    step._forced_delta = lambda: (3, 2)  # what the forced-draft counters moved by since the last step
+    try:
+        mask, _, out = _run(step, spec, copy(), nxt, sib, tok, threaded=threaded)
+    finally:
+        step.close()
+    s = step.stats
+    assert s.steps == 1 and s.mask_timeouts == 0 and s.mask_s > 0 and s.advance_s > 0
+    assert s.sched_s > 0 and (s.join_wait_s > 0) is threaded and s.helper_gil_s >= 0
+    assert s.sched_s >= s.join_wait_s
+    ((grammar_s, unhidden_s, timeouts, fp, fa),) = exporter.calls
+    assert grammar_s > 0 and unhidden_s == 0 and timeouts == 0 and (fp, fa) == (3, 2)
+    first, *events = tl.events()
+    assert first[0] == "tree_copy" and first[1] == first[2]  # copy_tree's point, before the build
+    names = [e[0] for e in events]
+    assert names == ["advance", "tree_wait", "mask_build"] + (["grammar_join"] if threaded else []) + [
+        "mask_upload", "sample"]
+    assert all(e[3] == 6 for e in events)  # every event carries the batch size
+    spans = {e[0]: (e[1], e[2]) for e in events}
+    for name, (a, b) in spans.items():
+        assert a <= b, name
+    assert spans["advance"][1] <= spans["tree_wait"][0] + 1e-9 and spans["tree_wait"][1] <= spans["mask_build"][0]
+    upload_from = spans["grammar_join"][1] if threaded else spans["mask_build"][1]
+    assert spans["mask_upload"][0] == upload_from and spans["sample"][0] == spans["mask_upload"][1]
+    if threaded:
+        assert spans["grammar_join"][0] <= spans["grammar_join"][1] <= spans["mask_upload"][0]
+    assert torch.equal(mask, out.device_mask)

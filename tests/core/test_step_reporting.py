@@ -1,0 +1,189 @@
+"""What ``GrammarStep`` reports (its stats file, the per-rank file name, the INFO line) and where the per-process
+mask time-limit decision comes from: the TP rank of the process (issue 20, the surviving mutants of ``core/step.py``).
+
+The stats file is what the engine tests, the benchmarks and operators read, so its keys are a contract: each one is
+checked by name and value here, with the rank of a ``torch.distributed`` group stood in by patching
+``core.step.distributed_rank`` (the core reads the group only through it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from sglang_eagle_overlap.core import step as step_mod
+from sglang_eagle_overlap.core.forced import ForcedDrafts
+from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eagle_overlap.core.stats import COUNTERS
+
+BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
+             "join_wait_s", "helper_gil_s", "grammar_thread", "forced_drafts", "tokens_advanced", "ledger_requests",
+             "pinned_allocations", "pid", "forced_proposed", "forced_changed", "forced_accepted", "forced_nodes",
+             "rank", "world_size", *COUNTERS}
+
+
+def _rank(monkeypatch, value):
+    monkeypatch.setattr(step_mod, "distributed_rank", lambda: value)
+
+
+def _forced(proposed, changed, accepted, nodes):
+    f = ForcedDrafts()
+    f._mirror = torch.tensor([proposed, changed, accepted], dtype=torch.int64)
+    f.recorded_nodes = nodes
+    return f
+
+
+def test_snapshot_names_every_number_it_reports(monkeypatch):
+    _rank(monkeypatch, (1, 2))
+    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 11),
+                       state=lambda: {"active": True})
+    s = step.stats
+    s.steps, s.sched_s, s.join_wait_s, s.helper_gil_s = 4, 0.25, 0.125, 0.0625
+    s.advance_s, s.tree_wait_s, s.mask_s, s.unhidden_s, s.mask_timeouts = 0.5, 0.75, 1.5, 0.3, 2
+    step.count(COUNTERS[0], 3)
+    d = step.snapshot()
+    assert set(d) == BASE_KEYS | {"active"}
+    assert (d["steps"], d["sched_s"], d["join_wait_s"], d["helper_gil_s"]) == (4, 0.25, 0.125, 0.0625)
+    assert (d["advance_s"], d["tree_wait_s"], d["mask_s"], d["unhidden_s"], d["mask_timeouts"]) == (
+        0.5, 0.75, 1.5, 0.3, 2)
+    assert d["grammar_s"] == pytest.approx(0.5 + 0.75 + 1.5)
+    assert d["grammar_thread"] is True and d["forced_drafts"] is True and d["active"] is True
+    assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_nodes"]) == (7, 3, 5, 11)
+    assert (d["rank"], d["world_size"]) == (1, 2) and d["pid"] == os.getpid()
+    assert d[COUNTERS[0]] == 3 and all(d[c] == 0 for c in COUNTERS[1:])
+    assert (d["tokens_advanced"], d["ledger_requests"], d["pinned_allocations"]) == (0, 0, 0)
+
+
+def test_snapshot_without_a_group_or_forced_drafts(monkeypatch):
+    _rank(monkeypatch, None)
+    d = GrammarStep(mask_threads=1).snapshot()
+    assert set(d) == BASE_KEYS
+    assert d["grammar_thread"] is False and d["forced_drafts"] is False
+    assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_nodes"]) == (0, 0, 0, 0)
+    assert (d["rank"], d["world_size"]) == (None, None)
+
+
+@pytest.mark.parametrize("rank, name", [(None, "stats.json"), ((0, 1), "stats.json"), ((1, 2), "stats.rank1.json"),
+                                        ((0, 4), "stats.rank0.json")])
+def test_stats_file_is_per_rank_and_fixed_once_the_group_is_known(monkeypatch, tmp_path, rank, name):
+    _rank(monkeypatch, rank)
+    step = GrammarStep(mask_threads=1, stats_file=str(tmp_path / "stats.json"))
+    assert step.stats_path() == str(tmp_path / name)
+    _rank(monkeypatch, (3, 8))  # a group found later changes nothing once a rank was fixed; before, it is looked up
+    assert step.stats_path() == str(tmp_path / ("stats.rank3.json" if rank is None else name))
+    step.write_stats()
+    written = json.loads((tmp_path / ("stats.rank3.json" if rank is None else name)).read_text())
+    assert written["steps"] == 0 and set(written) == BASE_KEYS
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # replaced atomically
+
+
+def test_no_stats_file_no_path_and_nothing_written(monkeypatch, tmp_path):
+    _rank(monkeypatch, (1, 2))
+    step = GrammarStep(mask_threads=1)
+    assert step.stats_path() is None
+    step.write_stats()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rank, allowed", [(None, True), ((0, 1), True), ((0, 2), False), ((1, 2), False),
+                                           ((2, 3), False)])
+def test_mask_time_limit_only_outside_a_multi_rank_group(monkeypatch, caplog, rank, allowed):
+    """Ranks of one TP group must build identical masks, so a wall-clock limit is off there; decided once."""
+    _rank(monkeypatch, rank)
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=0.05)
+    with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
+        assert step._may_time_out() is allowed
+    _rank(monkeypatch, None if not allowed else (0, 2))  # the decision is not taken again
+    assert step._may_time_out() is allowed
+    said = [r.getMessage() for r in caplog.records if "mask time limit off" in r.getMessage()]
+    assert said == ([] if allowed else [f"sglang-eagle-overlap: mask time limit off in this process (rank {rank[0]} "
+                                        f"of {rank[1]}): tensor-parallel ranks must build identical masks"])
+
+
+def test_report_logs_the_first_step_then_every_interval(monkeypatch, caplog, tmp_path):
+    _rank(monkeypatch, None)
+    clock = [100.0]
+    monkeypatch.setattr(step_mod.time, "monotonic", lambda: clock[0])
+    step = GrammarStep(mask_threads=1, log_interval_s=30.0, stats_file=str(tmp_path / "s.json"),
+                       forced=_forced(4, 2, 1, 6))
+    step.stats.steps, step.stats.mask_s, step.stats.mask_timeouts = 1, 0.002, 1
+    with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
+        step.report()  # first step: a line
+        step.stats.steps = 2
+        clock[0] += 29.0
+        step.report()  # inside the interval: none
+        clock[0] += 1.0
+        step.stats.steps = 3
+        step.report()  # interval reached: a line
+    lines = [r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage()]
+    assert len(lines) == 2
+    assert lines[0].startswith("sglang-eagle-overlap: 1 grammar verify steps; per step: grammar 2.000 ms")
+    assert "grammar thread off" in lines[0] and "1 mask time-limit hits" in lines[0]
+    assert "forced drafts on (4 proposed, 2 changed, 1 accepted)" in lines[0]
+    assert lines[1].startswith("sglang-eagle-overlap: 3 grammar verify steps")
+    assert json.loads((tmp_path / "s.json").read_text())["steps"] == 3  # the file every step
+
+
+def test_forced_deltas_are_what_moved_since_the_last_step():
+    f = _forced(0, 0, 0, 0)
+    step = GrammarStep(mask_threads=1, forced=f)
+    assert step._forced_delta() == (0, 0)
+    f._mirror = torch.tensor([5, 4, 2], dtype=torch.int64)
+    assert step._forced_delta() == (5, 2)
+    f._mirror = torch.tensor([9, 6, 3], dtype=torch.int64)
+    assert step._forced_delta() == (4, 1)
+    assert step._forced_delta() == (0, 0)
+    assert GrammarStep(mask_threads=1)._forced_delta() == (0, 0)  # off: nothing ever moves
+
+
+class _Tree:
+    """A resolved one-request, one-node tree (root only)."""
+
+    def resolve(self):
+        z = torch.zeros((1, 1), dtype=torch.int64)
+        return z - 1, z - 1, z
+
+
+@pytest.mark.parametrize("rank, asked, allowed", [(None, True, True), ((0, 2), True, False), (None, False, False)])
+def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allowed):
+    """A job's time-limit permission is the caller's and the process's (TP ranks never), its forced flag says whether
+    forced drafts are on, and handing it over costs a plausible time; the grammar thread is named."""
+    _rank(monkeypatch, rank)
+    names = []
+    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0), pin_memory=False)
+    try:
+        job = step.start_build([], _Tree(), vocab_size=8, allow_timeout=asked,
+                               barrier=lambda: names.append(threading.current_thread().name))
+        assert job.allow_timeout is allowed and job.forced is True
+        assert 0.0 <= job.submit_s < 5.0
+        job.future.result()
+        assert names and names[0].startswith("sglang-eo-grammar")
+        job2 = GrammarStep(mask_threads=1).start_build([], _Tree(), vocab_size=8)
+        assert job2.forced is False and job2.future is None and job2.allow_timeout is (rank is None)
+    finally:
+        step.close()
+
+
+def test_close_waits_for_the_running_job_and_a_later_job_starts_a_new_thread():
+    step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False)
+    done = threading.Event()
+
+    def slow_barrier():
+        time.sleep(0.2)
+        done.set()
+
+    step.start_build([], _Tree(), vocab_size=8, barrier=slow_barrier)
+    step.close()
+    assert done.is_set() and step._executor is None  # joined, not abandoned
+    step.close()  # twice is fine
+    job = step.start_build([], _Tree(), vocab_size=8, barrier=lambda: None)
+    assert step._executor is not None
+    job.future.result()
+    step.close()
+    assert step._executor is None
