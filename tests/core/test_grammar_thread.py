@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
 
 from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eo_dev.helpers.grammars import doc_tokens, matcher
 from sglang_eo_dev.helpers.trees import eagle_tree
@@ -233,3 +235,57 @@ def test_finish_build_reports_what_ran_where(threaded):
     if threaded:
         assert spans["grammar_join"][0] <= spans["grammar_join"][1] <= spans["mask_upload"][0]
     assert torch.equal(mask, out.device_mask)
+
+
+class _Forced(ForcedDrafts):
+    """Every valid node has a one-token continuation; uploads are recorded, not made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uploads: list = []
+
+    def continuation(self, matcher):
+        return [1]
+
+    def upload(self, device) -> None:
+        self.uploads.append(device)
+
+
+@pytest.mark.parametrize("path", ["start_build", "build_mask"])
+def test_forced_table_is_recorded_and_uploaded_for_eagle_jobs_only(path):
+    """Jobs from start_build (EAGLE trees) record each valid node's continuation and upload the table at the join;
+    build_mask jobs (chain and host-built trees) do neither, though forced drafts are on."""
+    spec, nxt, sib, tok, copy = _setup(7, bs=4)
+    forced = _Forced()
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, forced=forced)
+    _run(step, spec, copy(), nxt, sib, tok, threaded=(path == "start_build"))
+    if path == "start_build":
+        assert forced.recorded_nodes > 0 and forced.uploads == ["cpu"]
+    else:
+        assert forced.recorded_nodes == 0 and forced.uploads == []
+
+
+def test_the_grammar_threads_gil_time_is_its_python_time():
+    """``helper_gil_s``: the grammar thread's CPU time outside native fills, here a barrier that runs Python for
+    ~30 ms; the inline path has none."""
+    spec, nxt, sib, tok, copy = _setup(8, bs=2)
+
+    def busy():
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
+            pass
+
+    for threaded in (True, False):
+        step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=threaded)
+        requests = [MaskRequest(matcher=matcher("nested", VOCAB, prefix), request_id=rid)
+                    for rid, prefix, run, truth in spec]
+        try:
+            pending = step.copy_tree(nxt, sib, tok)
+            job = step.start_build(requests, pending, vocab_size=VOCAB, barrier=busy)
+            step.finish_build(job, device="cpu")
+        finally:
+            step.close()
+        if threaded:
+            assert 0.02 <= job.gil_s < 0.5 and step.stats.helper_gil_s == job.gil_s
+        else:
+            assert job.gil_s == 0.0

@@ -187,3 +187,52 @@ def test_close_waits_for_the_running_job_and_a_later_job_starts_a_new_thread():
     job.future.result()
     step.close()
     assert step._executor is None
+
+
+class _Grammar:
+    def __init__(self) -> None:
+        self.fed: list[int] = []
+
+    def accept_token(self, t: int) -> bool:
+        self.fed.append(t)
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def test_was_advanced_and_count_go_through_to_the_ledger_and_stats():
+    step = GrammarStep(mask_threads=1)
+    g = _Grammar()
+    assert step.was_advanced("r", 3) is False
+    step.advance("r", g, 3, [7, 8])
+    assert step.was_advanced("r", 3) is True and step.was_advanced("r", 5) is False and g.fed == [7, 8]
+    assert step.was_advanced("other", 3) is False
+    step.count(COUNTERS[1])  # one by default
+    step.count(COUNTERS[1], 2)
+    assert step.stats.counters[COUNTERS[1]] == 3
+
+
+def test_copy_host_tree_resolves_to_the_same_tree_without_the_launch_probe():
+    class Probe:
+        launches = 0
+
+        def on_launch(self, device):
+            Probe.launches += 1
+
+    step = GrammarStep(mask_threads=1, probe=Probe(), pin_memory=False)
+    nxt = torch.tensor([[1, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1]])
+    tok = torch.tensor([[5, 6, 7]])
+    got = step.copy_host_tree(nxt, sib, tok).resolve()
+    assert [t.tolist() for t in got] == [nxt.tolist(), sib.tolist(), tok.tolist()] and Probe.launches == 0
+
+
+def test_report_names_the_grammar_thread_when_it_is_on(monkeypatch, caplog):
+    _rank(monkeypatch, None)
+    step = GrammarStep(mask_threads=1, grammar_thread=True)
+    step.stats.steps, step.stats.join_wait_s, step.stats.helper_gil_s = 1, 0.004, 0.002
+    with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
+        step.report()
+    (line,) = [r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage()]
+    assert "(grammar thread on: join wait 4.000, its GIL time <= 2.000)" in line and "forced drafts off" in line
