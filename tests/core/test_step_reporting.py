@@ -236,3 +236,16 @@ def test_report_names_the_grammar_thread_when_it_is_on(monkeypatch, caplog):
         step.report()
     (line,) = [r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage()]
     assert "(grammar thread on: join wait 4.000, its GIL time <= 2.000)" in line and "forced drafts off" in line
+
+
+def test_a_request_without_anything_to_walk_is_refused_by_name():
+    """The mask paths' guards name the request (a bug in a caller, never a user input: the builder sends a row down a
+    path only when it has what that path needs)."""
+    from sglang_eagle_overlap.core import mask as mask_mod
+    from sglang_eagle_overlap.core.mask import MaskRequest
+
+    with pytest.raises(ValueError, match=r"^request 'r7' has no xgrammar matcher for the native tree walk$"):
+        mask_mod._native_matcher(MaskRequest(request_id="r7"))
+    with pytest.raises(ValueError, match=r"^request 'r8' has neither a matcher nor a grammar: nothing to walk$"):
+        mask_mod._walk_request(MaskRequest(request_id="r8"), [-1], [-1], [0], 8, torch.zeros((1, 1), dtype=torch.int32),
+                               0, None)
