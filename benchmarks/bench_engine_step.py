@@ -56,8 +56,8 @@ def full_batch_steps(steps: Sequence[Sequence[float]], bs: int) -> List[Sequence
 
 
 def summarize_steps(steps: Sequence[Sequence[float]]) -> Dict[str, Any]:
-    """Medians of step / grammar / run_batch ms and the grammar share of the step (median of per-step shares, and
-    total grammar / total step)."""
+    """Medians of step / grammar / run_batch ms, the mean step (what a request pays: a few slow steps move it, not the
+    median) and the grammar share of the step (median of per-step shares, and total grammar / total step)."""
     if not steps:
         return {"n": 0}
     step = [s[0] for s in steps]
@@ -68,6 +68,7 @@ def summarize_steps(steps: Sequence[Sequence[float]]) -> Dict[str, Any]:
         "step_ms": statistics.median(step),
         "step_ms_p10": _quantile(step, 0.1),
         "step_ms_p90": _quantile(step, 0.9),
+        "step_ms_mean": statistics.fmean(step),
         "grammar_ms": statistics.median(gram),
         "run_batch_ms": statistics.median(run),
         "grammar_share": statistics.median(g / s for g, s in zip(gram, step) if s > 0),

@@ -253,9 +253,7 @@ def summarize_cell(rounds: Sequence[Dict[str, Any]], phases: Sequence[Dict[str, 
     per_round = [r["ms_step"] for r in rounds if r["ms_step"] is not None]
     total = {k: sum(p[k] for p in phases) for k in PHASE_KEYS} if phases else None
     requests = sum(r.get("requests", 0) for r in rounds)
-    ms_step = su.get("step_ms")
-    pooled = [s[0] for r in rounds for s in r["steps"]]
-    mean = statistics.fmean(pooled) if pooled else None
+    ms_step, mean = su.get("step_ms"), su.get("step_ms_mean")
     return {
         "n": len(per_round),
         "n_steps": su["n"],
@@ -272,6 +270,16 @@ def summarize_cell(rounds: Sequence[Dict[str, Any]], phases: Sequence[Dict[str, 
     }
 
 
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a and b else None
+
+
+def _over(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """``a`` over ``b`` minus one (an overhead), None when either is missing."""
+    r = _ratio(a, b)
+    return None if r is None else r - 1.0
+
+
 def table_rows(cells: Dict[Tuple[str, int, str], Dict[str, Any]], shapes: Sequence[str],
                batch_sizes: Sequence[int]) -> List[Dict[str, Any]]:
     """One row per (shape, bs): the three variants side by side, overhead json / unconstrained - 1, off / json."""
@@ -281,15 +289,12 @@ def table_rows(cells: Dict[Tuple[str, int, str], Dict[str, Any]], shapes: Sequen
             row: Dict[str, Any] = {"shape": shape, "bs": bs}
             for v in VARIANTS:
                 row[v] = cells.get((shape, bs, v)) or {"n": 0, "ms_step": None}
-            on, unc, off, thread = (row[v].get("ms_step") for v in VARIANTS)
-            row["overhead"] = on / unc - 1.0 if on and unc else None
-            row["off_over_on"] = off / on if on and off else None
-            row["thread_overhead"] = thread / unc - 1.0 if thread and unc else None
-            row["thread_over_on"] = thread / on if thread and on else None
-            on_m, unc_m, off_m, thread_m = (row[v].get("ms_step_mean") for v in VARIANTS)
-            row["overhead_mean"] = on_m / unc_m - 1.0 if on_m and unc_m else None
-            row["thread_overhead_mean"] = thread_m / unc_m - 1.0 if thread_m and unc_m else None
-            row["off_over_on_mean"] = off_m / on_m if on_m and off_m else None
+            for suffix, key in (("", "ms_step"), ("_mean", "ms_step_mean")):
+                on, unc, off, thread = (row[v].get(key) for v in VARIANTS)
+                row["overhead" + suffix] = _over(on, unc)
+                row["thread_overhead" + suffix] = _over(thread, unc)
+            row["off_over_on"] = _ratio(row["json-off"].get("ms_step"), row["json"].get("ms_step"))
+            row["thread_over_on"] = _ratio(row["json-thread"].get("ms_step"), row["json"].get("ms_step"))
             rows.append(row)
     return rows
 
@@ -321,7 +326,10 @@ def markdown(result: Dict[str, Any]) -> str:
         "waits / tree wait / mask / un-hidden, ms) and mask time-limit hits per request.",
         "",
     ]
-    thread_run = any(r["json-thread"].get("n") for r in result["rows"] if "json-thread" in r)
+    thread_run = any(r.get("json-thread", {}).get("n") for r in result["rows"])
+    if thread_run:
+        lines += ["`json thread` = the plugin with its grammar thread on, in its own engine (SGLANG_EAGLE_OVERLAP_"
+                  "GRAMMAR_THREAD=1; off by default); `thread/json` = its ms/step over json's (the default path).", ""]
     if m.get("device") == "cpu":
         lines += ["CPU mode: tiny models, the forward runs synchronously on the scheduler thread, so nothing can be "
                   "hidden; these rows exercise the benchmark end to end and are no GPU result (on a shared machine "
@@ -329,6 +337,8 @@ def markdown(result: Dict[str, Any]) -> str:
     head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | best unc / json / "
             "off | mean unc / json / off | ms/token unc / json / off | over unc. median / mean | off/on | grammar ms json / off | phases adv / tree / "
             "mask / unhidden ms | limit hits/req | accept | steps unc / json / off |")
+    if thread_run:
+        head += " json thread ms/step | json thread mean | thread over unc. median / mean | thread/json | accept thread |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
 
     def _step(c: Dict[str, Any]) -> str:
@@ -338,11 +348,6 @@ def markdown(result: Dict[str, Any]) -> str:
             return _f(c["ms_step"])
         return f"{c['ms_step']:.2f} ({c['ms_step_p10']:.2f}-{c['ms_step_p90']:.2f})"
 
-    if thread_run:
-        head += " json thread ms/step | json thread mean | thread over unc. median / mean | thread/json | accept thread |"
-        lines[-2:] = ["`json thread` = the plugin with its grammar thread on, in its own engine (SGLANG_EAGLE_OVERLAP_"
-                      "GRAMMAR_THREAD=1; off by default); `thread/json` = its ms/step over json's (the default path).",
-                      "", head, "|" + "---|" * (head.count("|") - 1)]
     for r in result["rows"]:
         on, unc, off = (r[v] for v in VARIANTS[:3])
         thr = r.get("json-thread") or {}
@@ -755,7 +760,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     stats = None if args.no_plugin_stats else os.path.join(tmp, f"stats-{tag}.json")
                     step_file = os.path.join(tmp, f"steps-{tag}.jsonl")
                     ts = time.monotonic()
-                    engine = start_engine(args, shape, plugin=(kind != "off"), stats_file=stats, step_file=step_file,
+                    plugin_on = kind != "off"
+                    engine = start_engine(args, shape, plugin=plugin_on, stats_file=stats, step_file=step_file,
                                           env=ENGINE_ENV[kind])
                     start_s = time.monotonic() - ts
                     print(f"[{time.monotonic() - t0:.0f}s] {shape.name} plugin {kind} #{rep}: engine up in "
@@ -782,13 +788,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           f"{_f(r['ms_step'])} ms/step over {r['n_steps']} steps, accept "
                                           f"{_f(r['accept_len'])}", flush=True)
                         problems.extend(f"{tag}: step probe: {e}" for e in read_step_times(step_file)["errors"])
-                        if stats and (kind == "off" or set(JSON_VARIANTS) & set(variants)):  # written per grammar step
+                        if stats and (not plugin_on or set(JSON_VARIANTS) & set(variants)):  # written per grammar step
                             active = bool(read_stats(stats).get("active"))
                             engines.append({"shape": shape.name, "plugin": kind, "rep": rep, "active": active,
                                             "start_s": start_s, "engine_s": time.monotonic() - ts})
-                            if active != (kind != "off"):
+                            if active != plugin_on:
                                 problems.append(f"{shape.name} plugin {kind} #{rep}: plugin active={active} in "
-                                                f"the engine started with {SWITCH_ENV}={int(kind != 'off')}")
+                                                f"the engine started with {SWITCH_ENV}={int(plugin_on)}")
                     finally:
                         engine.shutdown()
                     write_outputs(result(), Path(args.out), name, final=False)  # a run cut short keeps this much

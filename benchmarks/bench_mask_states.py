@@ -1,7 +1,7 @@
 """Which grammar states make xgrammar's ``fill_next_token_bitmask`` slow on ``BENCH_SCHEMA`` with a 128k vocabulary.
 
-What it measures: engine-free, xgrammar alone. ``BENCH_SCHEMA`` (from ``benchmarks/bench_gpu_constrained.py``, read
-with ``ast`` so that no benchmark helper is imported) is compiled as SGLang compiles it with
+What it measures: engine-free, xgrammar alone. ``BENCH_SCHEMA`` (imported from ``benchmarks/bench_gpu_constrained.py``,
+as ``bench_scheduler_budget.py`` does) is compiled as SGLang compiles it with
 ``constrained_json_disable_any_whitespace=True``: ``GrammarCompiler.compile_json_schema(schema, any_whitespace=False)``
 against ``TokenizerInfo.from_huggingface(tokenizer, vocab_size=128256)``, the tokenizer being the dev 128k byte-level
 BPE (``sglang_eo_dev.cpu_runtime.models.build_tokenizer(128256)``, Llama-3 sized). A fixed valid instance of the schema
@@ -36,13 +36,11 @@ timing gates anything.
 from __future__ import annotations
 
 import argparse
-import ast
 import copy
 import dataclasses
 import gc
 import json
 import os
-import platform
 import random
 import re
 import shlex
@@ -54,6 +52,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_engine_step import _machine  # noqa: E402  one harness: the machine record of every benchmark
+from bench_gpu_constrained import BENCH_SCHEMA  # noqa: E402  the GPU table's schema
 VOCAB_SIZE = 128256
 SLOW_BINS_MS = (1.0, 5.0, 20.0)
 CONTEXT_CHARS = 20
@@ -76,27 +77,6 @@ M_POOL: Dict[int, Tuple[str, ...]] = {
 
 
 # --- schema and its variants ---------------------------------------------------------------------------------------
-
-
-def load_bench_schema(path: Optional[Path] = None) -> Dict[str, Any]:
-    """``BENCH_SCHEMA`` as written in ``bench_gpu_constrained.py`` (a literal; parsed, not imported)."""
-    path = path or ROOT / "benchmarks" / "bench_gpu_constrained.py"
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in tree.body:
-        target: ast.expr
-        expr: Optional[ast.expr]
-        if isinstance(node, ast.AnnAssign):
-            target, expr = node.target, node.value
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, expr = node.targets[0], node.value
-        else:
-            continue
-        if isinstance(target, ast.Name) and target.id == "BENCH_SCHEMA" and expr is not None:
-            value = ast.literal_eval(expr)
-            if not isinstance(value, dict):
-                raise TypeError(f"BENCH_SCHEMA in {path} is not a dict literal")
-            return value
-    raise LookupError(f"no BENCH_SCHEMA literal in {path}")
 
 
 def _props(schema: Dict[str, Any], *path: str) -> Dict[str, Any]:
@@ -184,28 +164,24 @@ _INT_FIELD = re.compile(r'"(t)": (\d*)$')
 _MAX_LENGTH = {"name": 40, "city": 24, "m": 12, "tags": 16}
 
 
-def state_label(prefix: str) -> str:
-    """A readable grammar state for the text ``prefix`` of the instance (string/number field and how far into it)."""
+def state_at(prefix: str) -> Tuple[str, Optional[int]]:
+    """The grammar state after the text ``prefix`` of the instance (string/number field and how far into it), and the
+    characters a maxLength string (BENCH_SCHEMA's limits) may still take there (None outside one)."""
     found = _STRING_FIELD.search(prefix)
     if found:
         key, chars = found.group(1), len(found.group(2))
         field = {"m": "log.m", "city": "address.city", "zip": "address.zip"}.get(key, key)
-        left = f" ({_MAX_LENGTH[key] - chars} left)" if key in _MAX_LENGTH else ""
-        return f"{field} string, {chars} chars in{left}"
+        left = _MAX_LENGTH[key] - chars if key in _MAX_LENGTH else None
+        return f"{field} string, {chars} chars in" + ("" if left is None else f" ({left} left)"), left
     found = _TAG_ITEM.search(prefix)
     if found:
         chars = len(found.group(1))
-        return f"tags item string, {chars} chars in ({_MAX_LENGTH['tags'] - chars} left)"
+        left = _MAX_LENGTH["tags"] - chars
+        return f"tags item string, {chars} chars in ({left} left)", left
     found = _INT_FIELD.search(prefix)
     if found:
-        return f"log.t integer, {len(found.group(2))} digits in"
-    return "structure (keys, separators, brackets)"
-
-
-def chars_left(prefix: str) -> Optional[int]:
-    """Characters a maxLength string (BENCH_SCHEMA's limits) may still take at ``prefix``; None outside one."""
-    found = re.search(r"\((\d+) left\)$", state_label(prefix))
-    return int(found.group(1)) if found else None
+        return f"log.t integer, {len(found.group(2))} digits in", None
+    return "structure (keys, separators, brackets)", None
 
 
 # --- timing --------------------------------------------------------------------------------------------------------
@@ -402,16 +378,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stop_ids = list(info.stop_token_ids)
     if not stop_ids:
         raise RuntimeError("the tokenizer has no stop token")
-    schema = load_bench_schema()
+    schema = BENCH_SCHEMA
     doc = make_instance(args.items, args.seed)
     text = serialise(doc)
     ids = tokenizer.encode(text, add_special_tokens=False)
     if tokenizer.decode(ids) != text:
         raise AssertionError("tokenizer round trip changed the text")
     prefixes: List[str] = [str(tokenizer.decode(ids[:i])) for i in range(len(ids) + 1)]
-    positions = [{"state": state_label(p), "left": chars_left(p), "context": p[-CONTEXT_CHARS:].replace("|", "\\|"),
+    positions = [{"state": state, "left": left, "context": p[-CONTEXT_CHARS:].replace("|", "\\|"),
                   "token": (str(tokenizer.decode([t])) if i < len(ids) else "<stop>").replace("|", "\\|")}
-                  for i, (p, t) in enumerate(zip(prefixes, list(ids) + [stop_ids[0]]))]
+                  for i, (p, t) in enumerate(zip(prefixes, list(ids) + [stop_ids[0]]))
+                  for state, left in [state_at(p)]]
 
     result: Dict[str, Any] = {
         "meta": {
@@ -419,8 +396,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT),
                                                           "benchmarks/bench_mask_states.py", *sys.argv[1:]]),
             "xgrammar": version("xgrammar"), "sglang": version("sglang"), "transformers": version("transformers"),
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine(),
-                        "processor": platform.processor()},
+            "machine": _machine(),
             "tokenizer": f"sglang_eo_dev build_tokenizer({VOCAB_SIZE}) (byte-level BPE)",
             "vocab_size": VOCAB_SIZE, "any_whitespace": False, "schema": schema, "n_log_items": args.items,
             "text": text, "n_tokens": len(ids), "token_ids": ids, "stop_token_id": stop_ids[0], "repeats": repeats,
@@ -439,15 +415,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         for name in names:
             description, make = VARIANTS[name]
-            r = run_variant(xgr, info, make(schema), ids, stop_ids[0], repeats)
-            result["variants"][name] = {"description": description, "schema": make(schema), **r}
+            variant_schema = make(schema)
+            r = run_variant(xgr, info, variant_schema, ids, stop_ids[0], repeats)
+            result["variants"][name] = {"description": description, "schema": variant_schema, **r}
             s = r["summary"]
             print(f"{name:28s} compile {r['compile_s']:5.2f}s  ms/token first {s['first']['ms_per_token']:7.3f} "
                   f"median {s['median']['ms_per_token']:7.3f}  >1/>5/>20 ms {s['median']['n_gt_1ms']}/"
                   f"{s['median']['n_gt_5ms']}/{s['median']['n_gt_20ms']}  max {s['median']['max_ms']:.1f} ms  "
                   f"({r['wall_s']:.1f}s)", flush=True)
             result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            Path(f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+            Path(f"{stem}.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")  # compact: ~0.3 MB
             write_md(result, Path(f"{stem}.md"), args.top)
     finally:
         if gc_was:

@@ -78,32 +78,30 @@ class Settings:
             raw = env.get(ENV[key])
             return None if raw is None else raw.strip()
 
-        enabled_raw = (get("enabled") or "").lower()
-        if enabled_raw not in _OFF + _ON:
-            raise SettingsError(f"{ENV['enabled']}={env.get(ENV['enabled'])!r}: expected 1 / 0 (or on / off)")
+        def flag(key: str, default: bool) -> bool:
+            raw = (get(key) or "").lower()
+            if raw not in _OFF + _ON:
+                raise SettingsError(f"{ENV[key]}={env.get(ENV[key])!r}: expected 1 / 0 (or on / off)")
+            return default if not raw else raw not in _OFF
+
+        enabled = flag("enabled", True)
         threads_raw = get("mask_threads")
         threads = default_mask_threads() if not threads_raw else _number(ENV["mask_threads"], threads_raw, int, 1)
         limit_raw = get("mask_time_limit_ms")
         limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
-        thread_raw = (get("grammar_thread") or "").lower()
-        if thread_raw not in _OFF + _ON:
-            raise SettingsError(
-                f"{ENV['grammar_thread']}={env.get(ENV['grammar_thread'])!r}: expected 1 / 0 (or on / off)")
-        forced_raw = (get("forced_drafts") or "").lower()
-        if forced_raw not in _OFF + _ON:
-            raise SettingsError(
-                f"{ENV['forced_drafts']}={env.get(ENV['forced_drafts'])!r}: expected 1 / 0 (or on / off)")
+        grammar_thread = flag("grammar_thread", DEFAULT_GRAMMAR_THREAD)
+        forced_drafts = flag("forced_drafts", DEFAULT_FORCED_DRAFTS)
         interval_raw = get("log_interval_s")
         interval = 30.0 if not interval_raw else _number(ENV["log_interval_s"], interval_raw, float, 0.0)
         return cls(
-            enabled=enabled_raw not in _OFF,
+            enabled=enabled,
             mask_threads=int(threads),
             mask_time_limit_s=None if limit_ms <= 0 else limit_ms / 1e3,
             stats_file=get("stats_file") or None,
             log_interval_s=float(interval),
             timeline_file=get("timeline_file") or None,
-            grammar_thread=DEFAULT_GRAMMAR_THREAD if not thread_raw else thread_raw not in _OFF,
-            forced_drafts=DEFAULT_FORCED_DRAFTS if not forced_raw else forced_raw not in _OFF,
+            grammar_thread=grammar_thread,
+            forced_drafts=forced_drafts,
         )
 
 

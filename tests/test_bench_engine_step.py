@@ -152,6 +152,7 @@ def test_summaries_and_ratio():
     assert su["grammar_share_total"] == pytest.approx(8.0 / 60.0)
     assert su["step_ms_p10"] == pytest.approx(12.0)
     assert su["step_ms_p90"] == pytest.approx(28.0)
+    assert su["step_ms_mean"] == pytest.approx(20.0)
     assert bench.summarize_steps([]) == {"n": 0}
 
     off = bench.summarize_steps([[30.0, 3.0, 27.0, 8]])

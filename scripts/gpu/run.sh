@@ -66,13 +66,12 @@ fi
 [ "${1:-}" = "--" ] && shift
 py=${PYTHON:-python3}
 bench=(benchmarks/bench_gpu_constrained.py --device cuda --attention-backend triton --sampling-backend pytorch)
-# the table: the plugin (default path), unconstrained, stock SGLang, the plugin with its grammar thread (json-thread)
-table=(--variants json,unconstrained,json-off,json-thread)
 case "$mode" in
   tests-greedy) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/core/test_tree_copy.py
                      tests/gpu/test_cuda_engine.py::test_greedy_eagle3_token_identical_to_non_speculative) ;;
   tests-other) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/gpu/test_cuda_engine.py -k "not greedy") ;;
-  bench-topk1) cmd=("$py" "${bench[@]}" "${table[@]}" --shapes topk1) ;;
+  # the table: the plugin (default path), unconstrained, stock SGLang, the plugin with its grammar thread
+  bench-topk1) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-off,json-thread --shapes topk1) ;;
   bench-topk4) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-thread --shapes topk4) ;;
   bench-stock) cmd=("$py" "${bench[@]}" --variants json-off --shapes "$shape") ;;
   bench-workload) cmd=("$py" "${bench[@]}" --workload "$name" --shapes "$shape") ;;

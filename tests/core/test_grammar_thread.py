@@ -191,21 +191,12 @@ class _Exporter:
         self.calls.append((grammar_s, unhidden_s, timeouts, forced_proposed, forced_accepted))
 
 
-class _Timeline(Timeline):
-    """Enabled, records in memory only (no writer thread, no file)."""
-
-    def __init__(self) -> None:
-        super().__init__(None)
-        self.enabled = True
-        self._writer = object()  # never start the file writer
-
-
 @pytest.mark.parametrize("threaded", [False, True])
-def test_finish_build_reports_what_ran_where(threaded):
+def test_finish_build_reports_what_ran_where(threaded, tmp_path):
     """The step's own account: stats (scheduler-thread time, join wait only when joined), the exporter's per-step
     call with the forced-draft deltas, and the timeline's spans in order on the right batch size."""
     spec, nxt, sib, tok, copy = _setup(5, bs=6)
-    tl = _Timeline()
+    tl = Timeline(str(tmp_path / "timeline.json"))
     exporter = _Exporter()
     step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=threaded, timeline=tl,
                        exporter=exporter)
@@ -267,7 +258,7 @@ def test_forced_table_is_recorded_and_uploaded_for_eagle_jobs_only(path):
 
 def test_the_grammar_threads_gil_time_is_its_python_time():
     """``helper_gil_s``: the grammar thread's CPU time outside native fills, here a barrier that runs Python for
-    ~30 ms; the inline path has none."""
+    30 ms of thread CPU time (so at least that), never more than the job's wall time; the inline path has none."""
     spec, nxt, sib, tok, copy = _setup(8, bs=2)
 
     def busy():
@@ -280,12 +271,14 @@ def test_the_grammar_threads_gil_time_is_its_python_time():
         requests = [MaskRequest(matcher=matcher("nested", VOCAB, prefix), request_id=rid)
                     for rid, prefix, run, truth in spec]
         try:
+            t0 = time.perf_counter()
             pending = step.copy_tree(nxt, sib, tok)
             job = step.start_build(requests, pending, vocab_size=VOCAB, barrier=busy)
             step.finish_build(job, device="cpu")
+            wall = time.perf_counter() - t0
         finally:
             step.close()
         if threaded:
-            assert 0.02 <= job.gil_s < 0.5 and step.stats.helper_gil_s == job.gil_s
+            assert 0.03 - 1e-3 <= job.gil_s <= wall and step.stats.helper_gil_s == job.gil_s
         else:
             assert job.gil_s == 0.0

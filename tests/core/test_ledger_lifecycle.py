@@ -6,20 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_eagle_overlap.core import AcceptLedger, LedgerConflictError, LedgerGapError
-
-
-class Recorder:
-    """A grammar that accepts everything and records what it was fed."""
-
-    def __init__(self) -> None:
-        self.fed: list[int] = []
-
-    def accept_token(self, token: int) -> bool:
-        self.fed.append(token)
-        return True
-
-    def is_terminated(self) -> bool:
-        return False
+from sglang_eo_dev.helpers.grammars import Recorder
 
 
 def test_retain_forgets_everything_not_live():

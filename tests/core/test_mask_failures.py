@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
 
 VOCAB = 32000
@@ -102,3 +103,13 @@ def test_matcher_breaking_the_batched_walk_is_isolated(strategy):
     assert torch.equal(out.bitmask[N : 2 * N], torch.full_like(out.bitmask[N : 2 * N], -1))
     for i in (0, 2):
         assert torch.equal(G.next_token_bitmask(matchers[i], VOCAB), before[i])
+
+
+def test_a_request_without_anything_to_walk_is_refused_by_name():
+    """The mask paths' guards name the request (a bug in a caller, never a user input: the builder sends a row down a
+    path only when it has what that path needs)."""
+    with pytest.raises(ValueError, match=r"^request 'r7' has no xgrammar matcher for the native tree walk$"):
+        mask_mod._native_matcher(MaskRequest(request_id="r7"))
+    with pytest.raises(ValueError, match=r"^request 'r8' has neither a matcher nor a grammar: nothing to walk$"):
+        mask_mod._walk_request(MaskRequest(request_id="r8"), [-1], [-1], [0], 8, torch.zeros((1, 1), dtype=torch.int32),
+                               0, None)

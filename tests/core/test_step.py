@@ -104,20 +104,6 @@ class SlowTree:
         return self.tree
 
 
-class Recorder:
-    """A grammar that accepts everything and records what it was fed."""
-
-    def __init__(self) -> None:
-        self.fed: List[int] = []
-
-    def accept_token(self, token: int) -> bool:
-        self.fed.append(token)
-        return True
-
-    def is_terminated(self) -> bool:
-        return False
-
-
 def _batch():
     """Matchers (fresh each call, same states) and the batch's tree tensors ``[3, 5]`` (the tree drawn above)."""
     return _setup()
@@ -167,7 +153,7 @@ def test_copy_tree_stamps_the_launch_and_hands_back_the_tree(tmp_path):
 # -- 2./4. the exactly-once advance ----------------------------------------------------------------------------------
 def test_advance_is_the_ledger_advance():
     step = GrammarStep()
-    g = Recorder()
+    g = G.Recorder()
     out = step.advance("r", g, 0, [1, 2])
     assert out.retained == (1, 2) and g.fed == [1, 2]
     assert step.advance("r", g, 0, [1, 2]) is out and g.fed == [1, 2]  # a replay feeds nothing
@@ -176,7 +162,7 @@ def test_advance_is_the_ledger_advance():
 
 def test_advance_reanchors_on_a_gap_instead_of_raising(caplog):
     step = GrammarStep()
-    g = Recorder()
+    g = G.Recorder()
     step.advance("req-7", g, 0, [1, 2])
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
         out = step.advance("req-7", g, 5, [9])  # the host moved the matcher to 5 behind the ledger's back
@@ -190,7 +176,7 @@ def test_advance_reanchors_on_a_gap_instead_of_raising(caplog):
 
 def test_advance_reanchors_on_a_conflict_instead_of_raising(caplog):
     step = GrammarStep()
-    g = Recorder()
+    g = G.Recorder()
     step.advance("r", g, 0, [1, 2])
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
         out = step.advance("r", g, 0, [4])  # the same position asked with other tokens: the host rolled back
@@ -202,7 +188,7 @@ def test_advance_reanchors_on_a_conflict_instead_of_raising(caplog):
 # -- prune -----------------------------------------------------------------------------------------------------------
 def _fill_ledger(step: GrammarStep, k: int) -> None:
     for i in range(k):
-        step.advance(f"q{i}", Recorder(), 0, [1])
+        step.advance(f"q{i}", G.Recorder(), 0, [1])
 
 
 def test_prune_forgets_finished_requests():
@@ -414,7 +400,7 @@ def test_log_line_on_the_first_step_then_every_interval(clock, caplog):
 
 def test_log_line_carries_the_per_step_numbers(clock, caplog):
     step = GrammarStep(probe=Probe(unhidden=0.25), mask_time_limit_s=None)
-    step.advance("a", Recorder(), 0, [1])
+    step.advance("a", G.Recorder(), 0, [1])
     step.stats.count("aborts", 2)
     _, nxt, sib, tok = _batch()
 
@@ -433,8 +419,8 @@ def test_log_line_carries_the_per_step_numbers(clock, caplog):
 
 def test_snapshot_holds_the_step_numbers_counters_and_host_state(clock):
     step = GrammarStep(state=lambda: {"active": True, "steps": "from the host"})
-    step.advance("a", Recorder(), 0, [1, 2, 3])
-    step.advance("b", Recorder(), 0, [4])
+    step.advance("a", G.Recorder(), 0, [1, 2, 3])
+    step.advance("b", G.Recorder(), 0, [4])
     step.stats.count("aborts")
     _, nxt, sib, tok = _batch()
     step.build_mask([MaskRequest()] * 3, SlowTree((nxt, sib, tok), clock, 0.5), vocab_size=VOCAB, device=CPU)

@@ -204,14 +204,11 @@ def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False
                   forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None) -> None:
     """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it), drop what an earlier
     configuration set and this one does not, and make the torchvision shim active in this process."""
-    os.environ.update(cpu_env(stats_file, product_plugin, ranks, forced_drafts, grammar_thread))
-    for var, value in ((FORCED_ENV, forced_drafts), (THREAD_ENV, grammar_thread)):
-        if value is None:
+    env = cpu_env(stats_file, product_plugin, ranks, forced_drafts, grammar_thread)
+    os.environ.update(env)
+    for var in (FORCED_ENV, THREAD_ENV, STATS_ENV, THREADS_BIND_ENV):  # set only by some configurations
+        if var not in env:
             os.environ.pop(var, None)
-    if not stats_file:
-        os.environ.pop(STATS_ENV, None)
-    if ranks <= 1:
-        os.environ.pop(THREADS_BIND_ENV, None)
     from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
 
     install_import_hook()

@@ -269,3 +269,17 @@ class CorruptMatcher:
 
     def fill_next_token_bitmask(self, bitmask: Any, idx: int) -> None:
         raise RuntimeError("boom: corrupt matcher")
+
+
+class Recorder:
+    """A ledger grammar that accepts everything and records what it was fed (the exactly-once tests)."""
+
+    def __init__(self) -> None:
+        self.fed: List[int] = []
+
+    def accept_token(self, token: int) -> bool:
+        self.fed.append(token)
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
