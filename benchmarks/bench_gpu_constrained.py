@@ -509,7 +509,9 @@ def start_engine(args: argparse.Namespace, shape: Shape, plugin: bool, stats_fil
         from sglang_eo_dev.cpu_runtime.engine import start_engine as start_cpu
 
         spec = shape.name if shape.name in SHAPES else "topk1"  # the exact shape goes in through `extra`
+        thread = (env or {}).get("SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD")  # the CPU runtime sets the switch itself
         cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=plugin,
+                           grammar_thread=None if thread is None else thread == "1",
                            max_running_requests=max(args.batch_sizes),
                            extra=(("disable_radix_cache", True), *shape.engine_kwargs().items()))
         return start_cpu(cfg)

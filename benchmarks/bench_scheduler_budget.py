@@ -172,9 +172,9 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     os.environ[STEP_TIMES_ENV] = step_file
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
     threaded = path.startswith("thread")
-    os.environ["SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"] = "1" if threaded else "0"
+    # the switches go through EngineConfig: the CPU runtime sets them for the scheduler and clears what it does not set
     cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=True, vocab_size=VOCAB,
-                       forced_drafts=False if path == "thread-noforced" else None,
+                       forced_drafts=False if path == "thread-noforced" else None, grammar_thread=threaded,
                        max_running_requests=max(args.batches),
                        extra=(("constrained_json_disable_any_whitespace", True), ("disable_radix_cache", True)))
     t0 = time.monotonic()
