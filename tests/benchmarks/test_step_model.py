@@ -80,9 +80,34 @@ def test_budget_summary_of_a_cell(sb):
     assert s == {"n": 3, "step_ms": 12.0, "forward_ms": 7.0, "cpu_ms": 5.0, "grammar_ms": 3.0}
     assert sb.cell_summary(steps, 64) == {"n": 0}
     unc = sb.cell_summary([[8.0, 0.0, 6.0, 8, 0.0, 6.0]], 8)  # a = 2
-    b = sb.budget(unc, s, {"helper_gil_ms": 0.5})
-    assert b == {"a_ms": 2.0, "b_ms": 3.5, "b_cross_ms": 3.0}
+    b = sb.budget(unc, s, {"helper_gil_ms": 0.5, "sched_ms": 40.0})
+    # (b) median from the step records, (b) mean from the plugin's stats: a slow step moves only the mean
+    assert b == {"a_ms": 2.0, "b_ms": 3.5, "b_cross_ms": 3.0, "b_mean_ms": 40.5}
     assert sb.budget({"n": 0}, s, None)["a_ms"] is None
+    assert sb.budget(unc, s, None)["b_mean_ms"] is None  # no plugin stats: no mean, not 0
+    assert sb.budget(unc, {"n": 0}, {"sched_ms": 2.0})["b_mean_ms"] == 2.0
+
+
+def test_render_rebuilds_a_saved_result_from_its_engine_records(sb, tmp_path):
+    """``--render``: the rows re-aggregated from a committed result's per-engine records equal the rows it was
+    saved with (the same summaries), plus the mean (b) column from each cell's plugin stats."""
+    import json
+
+    src = ROOT / "benchmarks" / "results" / "scheduler_budget_0.5.23_thread_inline.json"
+    saved = json.loads(src.read_text())
+    copy = tmp_path / src.name
+    copy.write_text(src.read_text())
+    assert sb.main(["--render", str(copy)]) == 0
+    rows = json.loads(copy.read_text())["rows"]
+    assert [(r["spec"], r["bs"]) for r in rows] == [(r["spec"], r["bs"]) for r in saved["rows"]]
+    for new, old in zip(rows, saved["rows"]):
+        for path in ("inline", "thread"):
+            assert new[path]["budget"]["b_ms"] == pytest.approx(old[path]["budget"]["b_ms"])
+            p = new[path]["plugin"]
+            assert new[path]["budget"]["b_mean_ms"] == pytest.approx(p["sched_ms"] + p["helper_gil_ms"])
+    md = tmp_path / (src.name[: -len(".json")] + ".md")
+    text = md.read_text()
+    assert "| (b) mean ms |" in text and text.count("| topk") == 2 * len(rows)
 
 
 def test_plugin_per_step_means(sb):
