@@ -43,12 +43,16 @@ MODES = ("json", "free")
 ROWS = (("on", "json"), ("off", "json"), ("on", "free"))
 
 
+# The plugin's forced-draft counters (stats file): replaced drafts, of those different from the draft model's own
+# proposal, accepted, accepted of the different ones (what the replacement itself won), nodes with a continuation.
+FORCED_KEYS = ("forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted", "forced_nodes")
+
+
 def _plugin_stats(path: Path) -> Dict[str, Any]:
     """The plugin's stats file; zeros when it never wrote one (NGRAM: its grammar batches are SGLang's own)."""
     if path.exists():
         return dict(json.loads(path.read_text()))
-    return dict.fromkeys(("steps", "forced_proposed", "forced_changed", "forced_accepted", "forced_nodes", "advance_s",
-                          "tree_wait_s", "mask_s", "sched_s"), 0)
+    return dict.fromkeys(("steps", *FORCED_KEYS, "advance_s", "tree_wait_s", "mask_s", "sched_s"), 0)
 
 
 def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_dir: Path,
@@ -103,7 +107,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
         engine.shutdown()
         os.environ.pop("SGLANG_EAGLE_OVERLAP_STATS_FILE", None)
     steps = after["steps"] - before["steps"]
-    plugin = {k: after[k] - before[k] for k in ("forced_proposed", "forced_changed", "forced_accepted", "forced_nodes")}
+    plugin = {k: after[k] - before[k] for k in FORCED_KEYS}
     plugin.update({k + "_ms": 1e3 * (after[k] - before[k]) / steps if steps else None
                    for k in ("advance_s", "tree_wait_s", "mask_s", "sched_s")})
     plugin["grammar_steps"] = steps
@@ -164,7 +168,8 @@ def main() -> None:
              "in two engines per tree. Sums over all measured rounds. Forced drafts and grammar ms per step: the "
              "plugin's counters over the measured rounds of that engine (both modes).", "",
              f"| {algo} | forced drafts | mode | answers | finished | parse as JSON | output tokens | verify steps | "
-             "accept length | verify steps / token | ms per verify step (CPU) | forced proposed / changed / accepted | "
+             "accept length | verify steps / token | ms per verify step (CPU) | forced proposed / changed / accepted / "
+             "changed and accepted | "
              "grammar ms per step (sched) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     same: List[str] = []
     for spec in dict.fromkeys(r["spec"] for r in results):
@@ -178,7 +183,8 @@ def main() -> None:
             lines.append(f"| {label} | {onoff if r['algorithm'] != 'NGRAM' else 'n/a'} | {mode} | {a['answers']} | {a['finished']} | {a['parses']} | "
                          f"{a['tokens']} | {a['verify_steps']} | {a['accept_length']:.3f} | "
                          f"{a['verify_per_token']:.3f} | {a['ms_per_verify_step']:.0f} | "
-                         f"{p['forced_proposed']} / {p['forced_changed']} / {p['forced_accepted']} | "
+                         f"{p['forced_proposed']} / {p['forced_changed']} / {p['forced_accepted']} / "
+                         f"{p.get('forced_changed_accepted', '–')} | "
                          f"{(p['advance_s_ms'] or 0) + (p['tree_wait_s_ms'] or 0) + (p['mask_s_ms'] or 0):.2f} "
                          f"({p['sched_s_ms'] or 0:.2f}) |")
         if "off" not in by:

@@ -6,7 +6,9 @@ xgrammar's ``find_jump_forward_string``, tokenized the way the model writes it a
 held back (it could merge with what follows). Which node step N accepts is known only on the device after the
 verify, so the per-node table goes up with the mask and the device picks the accepted node's row (a gather, no host
 sync). Step N+1's draft tree then gets those tokens on its top path (the first-child chain from the root), in place
-of what the draft model proposed, before the target verify reads them.
+of what the draft model proposed, before the target verify reads them -- except from the first position where the
+draft model's token spells a prefix of the forced text in other tokens (a draft trained on the target's outputs has
+learned how the target tokenizes the forced text; replacing its token there would cut a path the target accepts).
 
 Call order per verify step (one process, the host's scheduler thread unless noted)::
 
@@ -24,7 +26,10 @@ draft's own probabilities (rejection sampling: a replaced draft would carry the 
 
 Invariants: ``record`` only writes rows of the current build's table; ``after_verify`` consumes the uploaded table
 of the same step; ``apply`` consumes what the previous ``after_verify`` kept, at most once. Counters (``proposed``:
-drafts replaced; ``changed``: of those, where the draft model had proposed another token; ``accepted``) accumulate on the device and are mirrored to the host without a sync (they may lag one step on a GPU).
+drafts replaced; ``changed``: of those, where the draft model had proposed another token; ``accepted``; ``changed_accepted``:
+accepted where the draft model had proposed another token, the only drafts the replacement itself won: an accepted
+unchanged token was the draft model's own proposal) accumulate on the device and are mirrored to the host without a
+sync (they may lag one step on a GPU).
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from torch.types import Device
 
-__all__ = ["Encoder", "ForcedDrafts", "stable_tokens"]
+__all__ = ["ALTERNATIVES", "Decoder", "Encoder", "ForcedDrafts", "prefix_alternatives", "stable_tokens"]
 
 Encoder = Callable[[str], Sequence[int]]
+Decoder = Callable[[Sequence[int]], str]
 _CACHE_MAX = 8192
+ALTERNATIVES = 4  # other tokenizations kept per forced position (the table's last axis holds 1 + this many ids)
+_ALT_CHARS = 16  # longest prefix of the forced text looked up as one token
 
 
 # What may follow a forced string: a letter, a digit, a space, a quote, a bracket. A token of ``encode(s)`` that
@@ -67,24 +75,53 @@ def stable_tokens(encode: Encoder, s: str) -> Tuple[int, ...]:
     return toks[:keep]
 
 
+def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence[int],
+                        limit: int = ALTERNATIVES) -> Tuple[Tuple[int, ...], ...]:
+    """Per forced token ``toks[i]`` of the text ``s``: up to ``limit`` other single tokens whose text is a prefix of
+    ``s`` from token ``i``'s offset on (the same characters, tokenized otherwise), shortest first; position 0 (the
+    root check) gets none. Stops where ``decode`` of a token does not spell ``s`` (positions past it get none)."""
+    out: List[Tuple[int, ...]] = []
+    off = 0
+    for i, t in enumerate(toks):
+        rest = s[off:]
+        found: List[int] = []
+        if i:
+            for n in range(1, min(len(rest), _ALT_CHARS) + 1):
+                ids = encode(rest[:n])
+                if len(ids) == 1 and int(ids[0]) != int(t) and int(ids[0]) not in found:
+                    found.append(int(ids[0]))
+                    if len(found) == limit:
+                        break
+        out.append(tuple(found))
+        piece = decode([int(t)])
+        if not piece or not rest.startswith(piece):
+            break
+        off += len(piece)
+    return tuple(out)
+
+
 class ForcedDrafts:
     """Per-process forced-draft state: the encoder and its cache, this step's host table, the previous step's picked
-    rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node)."""
+    rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node). The table is
+    ``[rows, width, 1 + ALTERNATIVES]``: at ``[..., 0]`` the forced tokens, after them each position's
+    :func:`prefix_alternatives` (-1 padded; none without ``decode``)."""
 
     def __init__(self, width: int = 8) -> None:
         if width < 2:
             raise ValueError(f"forced-draft width must be >= 2 (the root check and one draft), got {width}")
         self.width = width
         self.encode: Optional[Encoder] = None
-        self._cache: Dict[str, Tuple[int, ...]] = {}
-        self._host: Optional[npt.NDArray[np.int32]] = None  # [rows, width] of the build in progress
+        self.decode: Optional[Decoder] = None
+        self._cache: Dict[str, Tuple[Tuple[int, ...], npt.NDArray[np.int32]]] = {}
+        self._host: Optional[npt.NDArray[np.int32]] = None  # [rows, width, 1 + ALTERNATIVES] of the build in progress
         self._rows = 0
         self._table: Optional[torch.Tensor] = None  # this step's table on the device, until after_verify
-        self._picked: Optional[Tuple[Tuple[str, ...], torch.Tensor, int]] = None  # (rids, [bs, width], depth)
-        # this step's (proposed, changed) counts and [bs * n] nodes apply() replaced, until after_verify
-        self._written: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-        self._counts: Optional[torch.Tensor] = None  # device int64 [3]: proposed, changed, accepted
-        self._mirror = torch.zeros(3, dtype=torch.int64)  # host copy of _counts (non-blocking on a GPU)
+        self._picked: Optional[Tuple[Tuple[str, ...], torch.Tensor, int]] = None  # (rids, [bs, width, 1+A], depth)
+        # this step's (proposed, changed) counts and the [bs * n] nodes apply() replaced / changed, until after_verify
+        self._written: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        # device int64 [4]: proposed, changed, accepted, changed_accepted
+        self._counts: Optional[torch.Tensor] = None
+        self._mirror = torch.zeros(4, dtype=torch.int64)  # host copy of _counts (non-blocking on a GPU)
         self.recorded_nodes = 0  # host: nodes with a non-empty continuation since start
         self._pos_cache: Dict[Tuple[int, int, int, str], torch.Tensor] = {}
 
@@ -104,43 +141,58 @@ class ForcedDrafts:
         """Of the replaced tokens, those the target verify accepted."""
         return int(self._mirror[2])
 
+    @property
+    def changed_accepted(self) -> int:
+        """Of the replaced tokens that differ from the draft model's proposal, those the target verify accepted."""
+        return int(self._mirror[3])
+
     def _add(self, counts: torch.Tensor) -> None:
         if self._counts is None or self._counts.device != counts.device:
-            self._counts = torch.zeros(3, dtype=torch.int64, device=counts.device)
+            self._counts = torch.zeros(4, dtype=torch.int64, device=counts.device)
             if counts.device.type != "cpu":
-                self._mirror = torch.zeros(3, dtype=torch.int64, pin_memory=True)
+                self._mirror = torch.zeros(4, dtype=torch.int64, pin_memory=True)
         self._counts += counts
         self._mirror.copy_(self._counts, non_blocking=True)
 
     # -- host side: the table, during the mask build -----------------------------------------------------------
     def continuation(self, matcher: JumpForward) -> Tuple[int, ...]:
         """The tokens the grammar forces after the matcher's state, last token held back, at most ``width``."""
+        entry = self._entry(matcher)
+        return entry[0] if entry is not None else ()
+
+    def _entry(self, matcher: JumpForward) -> Optional[Tuple[Tuple[int, ...], npt.NDArray[np.int32]]]:
+        """(continuation, its table rows ``[len, 1 + ALTERNATIVES]``), cached per forced string; None if empty."""
         if self.encode is None:
-            return ()
+            return None
         s = matcher.find_jump_forward_string()
         if not s:
-            return ()
-        toks = self._cache.get(s)
-        if toks is None:
+            return None
+        entry = self._cache.get(s)
+        if entry is None:
             toks = stable_tokens(self.encode, s)[: self.width]
+            rows = np.full((len(toks), 1 + ALTERNATIVES), -1, dtype=np.int32)
+            rows[:, 0] = toks
+            if self.decode is not None and toks:
+                for i, alts in enumerate(prefix_alternatives(self.encode, self.decode, s, toks)):
+                    rows[i, 1 : 1 + len(alts)] = alts
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
-            self._cache[s] = toks
-        return toks
+            entry = self._cache[s] = (toks, rows)
+        return entry if entry[0] else None
 
     def begin(self, rows: int) -> None:
         """A new build of ``rows`` tree nodes (``bs * n``): every row starts empty (-1)."""
         host = self._host
         if host is None or host.shape[0] < rows:
-            host = self._host = np.empty((max(rows, 64), self.width), dtype=np.int32)
+            host = self._host = np.empty((max(rows, 64), self.width, 1 + ALTERNATIVES), dtype=np.int32)
         host[:rows] = -1
         self._rows = rows
 
     def record(self, matcher: JumpForward, row: int) -> None:
         """The matcher is in the state after node ``row``'s path (a valid, not terminated node)."""
-        toks = self.continuation(matcher)
-        if toks and self._host is not None and row < self._rows:
-            self._host[row, : len(toks)] = toks
+        entry = self._entry(matcher)
+        if entry is not None and self._host is not None and row < self._rows:
+            self._host[row, : len(entry[0])] = entry[1]
             self.recorded_nodes += 1
 
     def clear_rows(self, start: int, stop: int) -> None:
@@ -192,9 +244,10 @@ class ForcedDrafts:
         valid = accept_index >= 0
         flat = accept_index.to(torch.long).clamp(min=0)
         if written is not None:
-            # this step's (proposed, changed) from apply() and the accepted ones, in one add
-            replaced, mask = written
-            hits = (mask[flat.clamp(max=mask.numel() - 1)] & valid).sum().view(1)
+            # this step's (proposed, changed) from apply() and the accepted ones of each, in one add
+            replaced, mask, changed = written
+            idx = flat.clamp(max=mask.numel() - 1)
+            hits = torch.stack([(mask[idx] & valid).sum(), (changed[idx] & valid).sum()])
             self._add(torch.cat([replaced, hits]))
         if table is None or table.shape[0] == 0:
             self._picked = None
@@ -208,8 +261,10 @@ class ForcedDrafts:
         of step N's accepted node, where the tree's root equals the first forced token. ``draft_token`` is the
         verify input's device tensor (flat ``[bs * n]`` or ``[bs, n]``), ``next_token`` its ``[bs, n]`` first-child
         links. ``chain``: the tree is a chain (topk 1: node ``d`` is at depth ``d``), so the top path needs no pointer
-        chase. Consumes the previous step's rows (at most once). A fixed number of device ops per step, no host
-        sync."""
+        chase. The replacement is a contiguous prefix of the top path; it ends at the first position without a forced
+        token, past the tree, or whose draft token is one of that position's prefix alternatives (the draft model's
+        own tokenization of the forced text is kept from there on). Consumes the previous step's rows (at most
+        once). A fixed number of device ops per step, no host sync."""
         picked, self._picked = self._picked, None
         self._written = None
         bs = len(rids)
@@ -229,10 +284,10 @@ class ForcedDrafts:
             if all(i < 0 for i in row_map):
                 return
             idx = torch.tensor(row_map, dtype=torch.long).to(dev, non_blocking=True)
-            forced = torch.where((idx >= 0).unsqueeze(1), rows.index_select(0, idx.clamp(min=0)), -1)
+            forced = torch.where((idx >= 0).view(-1, 1, 1), rows.index_select(0, idx.clamp(min=0)), -1)
         flat = draft_token.view(-1)
-        toks = forced[:, 1 : levels + 1].to(flat.dtype)
-        ok = (forced[:, :1] == flat.view(bs, n)[:, :1]) & (toks >= 0)
+        toks = forced[:, 1 : levels + 1, 0].to(flat.dtype)
+        ok = (forced[:, :1, 0] == flat.view(bs, n)[:, :1]) & (toks >= 0)
         if chain:
             pos = self._positions(bs, n, levels, dev)
         else:
@@ -246,11 +301,16 @@ class ForcedDrafts:
             nodes = torch.cat(path, dim=1)  # [bs, levels]
             ok = ok & (nodes >= 0)
             pos = (self._positions(bs, n, 0, dev) + nodes.clamp(min=0)).view(-1)
-        ok = ok.cumprod(dim=1).bool()  # a contiguous prefix of the top path only
-        okf = ok.view(-1)
         old = flat[pos]
+        alts = forced[:, 1 : levels + 1, 1:].to(flat.dtype)  # [bs, levels, ALTERNATIVES]
+        own = (old.view(bs, levels, 1) == alts).any(dim=2) & (old.view(bs, levels) != toks)
+        ok = (ok & ~own).cumprod(dim=1).bool()  # a contiguous prefix of the top path only
+        okf = ok.view(-1)
         new = toks.reshape(-1)
         flat[pos] = torch.where(okf, new, old)  # positions past the tree's end point at the root: written unchanged
+        differs = okf & (old != new)
         mask = torch.zeros(bs * n, dtype=torch.bool, device=dev)
         mask[pos] = okf
-        self._written = (torch.stack([okf.sum(), (okf & (old != new)).sum()]), mask)
+        changed = torch.zeros(bs * n, dtype=torch.bool, device=dev)
+        changed[pos] = differs
+        self._written = (torch.stack([okf.sum(), differs.sum()]), mask, changed)

@@ -348,14 +348,16 @@ class GrammarStep:
             job.gil_s = max(0.0, (time.thread_time() - cpu0) - (builder.native_cpu_s - native0))
         return result
 
-    def _forced_counts(self) -> Tuple[int, int, int, int]:
-        """Forced drafts proposed, changed, accepted, and nodes with a continuation, since start (zeros when off)."""
+    def _forced_counts(self) -> Tuple[int, int, int, int, int]:
+        """Forced drafts proposed, changed, accepted, accepted of the changed ones, and nodes with a continuation, since
+        start (zeros when off)."""
         f = self.forced
-        return (0, 0, 0, 0) if f is None else (f.proposed, f.changed, f.accepted, f.recorded_nodes)
+        return (0, 0, 0, 0, 0) if f is None else (f.proposed, f.changed, f.accepted, f.changed_accepted,
+                                                  f.recorded_nodes)
 
     def _forced_delta(self) -> Tuple[int, int]:
         """Forced drafts proposed / accepted since the last call (for the exporter's counters)."""
-        proposed, _, accepted, _ = self._forced_counts()
+        proposed, _, accepted, _, _ = self._forced_counts()
         seen, self._forced_seen = self._forced_seen, (proposed, accepted)
         return proposed - seen[0], accepted - seen[1]
 
@@ -401,7 +403,8 @@ class GrammarStep:
             "pinned_allocations": self.copier.pinned_allocations,
             "pid": os.getpid(),
         }
-        d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_nodes"] = self._forced_counts()
+        (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
+         d["forced_nodes"]) = self._forced_counts()
         rank = distributed_rank()
         d["rank"], d["world_size"] = rank if rank is not None else (None, None)
         d.update(s.counters)

@@ -12,7 +12,8 @@ Call order per EAGLE verify (``run_eagle_verify``), on the scheduler thread:
    accepted node's row (:meth:`~sglang_eagle_overlap.core.forced.ForcedDrafts.after_verify`).
 
 The tokenizer is the requests' own (``Req.tokenizer``, set by SGLang's scheduler), taken from the first request that
-has one. Without one, nothing is recorded and nothing replaced.
+has one: its ``encode`` tokenizes the forced text, its ``decode`` lets the core find the other tokenizations of that
+text the draft model may propose (kept, not replaced). Without one, nothing is recorded and nothing replaced.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def before_verify(rt: Runtime, batch: Any, verify_input: Any, owned: bool) -> No
         tok = next((r.tokenizer for r in batch.reqs if getattr(r, "tokenizer", None) is not None), None)
         if tok is not None:
             forced.encode = lambda s: tok.encode(s, add_special_tokens=False)
+            forced.decode = lambda ids: tok.decode(ids)
     forced.apply(verify_input.draft_token, verify_input.retrieve_next_token, request_ids(batch.reqs),
                  draft_probs_used=getattr(verify_input, "draft_probs", None) is not None,
                  chain=getattr(verify_input, "topk", 0) == 1)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
-from sglang_eagle_overlap.core.forced import ForcedDrafts, stable_tokens
+from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives, stable_tokens
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.tokenizers import encode, hf_tokenizer
+from tests.core.test_mask_failures import RaisingMatcher, matcher_of
 
 VOCAB = 32000
 
@@ -88,13 +89,13 @@ def test_build_records_each_valid_nodes_continuation(enc):
     assert not res.failed
     f.upload("cpu")
     table = f._table
-    assert table is not None and tuple(table.shape) == (2 * n, width)
+    assert table is not None and tuple(table.shape) == (2 * n, width, 1 + ALTERNATIVES)
     ref = G.matcher("nested", VOCAB, prefix)
     for node in range(3):
         if node:
             assert ref.accept_token(int(tok[0, node]))
         want = stable_tokens(enc, ref.find_jump_forward_string())[:width] if ref.find_jump_forward_string() else ()
-        row = [x for x in table[node].tolist() if x >= 0]
+        row = [x for x in table[node, :, 0].tolist() if x >= 0]
         assert tuple(row) == want, node
     assert (table[3] == -1).all() and (table[n:] == -1).all()
 
@@ -106,7 +107,7 @@ def _forced_after(rows: Sequence[Sequence[int]], accept_index: List[List[int]], 
     f.begin(len(rids) * n)
     for row, toks in enumerate(rows):
         if toks:  # what record() writes for a matcher whose continuation is these tokens
-            f._host[row, : len(toks)] = toks
+            f._host[row, : len(toks), 0] = toks
     f.upload("cpu")
     f.after_verify(torch.tensor(accept_index, dtype=torch.int32), rids)
     return f
@@ -129,7 +130,7 @@ def test_next_step_gets_the_accepted_nodes_forced_tokens_on_its_top_path():
     # the counts land with the next verify: it accepts a's first two forced drafts and nothing of b
     f.upload("cpu")
     f.after_verify(torch.tensor([[0, 1, 2, -1], [4, -1, -1, -1]], dtype=torch.int32), ["a", "b"])
-    assert (f.proposed, f.changed, f.accepted) == (5, 5, 2)
+    assert (f.proposed, f.changed, f.accepted, f.changed_accepted) == (5, 5, 2, 2)
 
 
 def test_no_replacement_when_the_root_is_not_the_first_forced_token_or_the_request_is_new():
@@ -162,7 +163,25 @@ def test_topk_tree_replaces_the_first_child_chain_only():
     f.apply(draft, nxt, ["a"])
     assert draft.tolist() == [70, 71, 2, 72, 4, 73]
     f.after_verify(torch.tensor([[0, 1, 3, 5]], dtype=torch.int32), ["a"])
-    assert (f.proposed, f.changed, f.accepted) == (3, 2, 3)
+    assert (f.proposed, f.changed, f.accepted, f.changed_accepted) == (3, 2, 3, 2)
+
+
+def test_changed_accepted_counts_only_accepted_replacements_that_differ_from_the_draft_models_proposal():
+    """An accepted forced token the draft model had proposed itself is not a win of the replacement: it counts in
+    ``accepted``, not in ``changed_accepted``; a replacement that differs and is rejected counts in neither."""
+    n = 6
+    nxt = torch.tensor([[1, 3, -1, 5, -1, -1]])  # top path 0 -> 1 -> 3 -> 5
+    f = _forced_after([[70, 71, 72, 73]] + [[]] * (n - 1), [[0, -1, -1, -1]], ["a"], n)
+    draft = torch.tensor([70, 71, 2, 3, 4, 5])  # 71 unchanged; 72, 73 replace 3, 5
+    f.apply(draft, nxt, ["a"])
+    f.after_verify(torch.tensor([[0, 1, -1, -1]], dtype=torch.int32), ["a"])  # the target took 71, then diverged
+    assert (f.proposed, f.changed, f.accepted, f.changed_accepted) == (3, 2, 1, 0)
+    # the next step: a changed replacement accepted, an unchanged one rejected
+    f2 = _forced_after([[70, 71, 72, 73]] + [[]] * (n - 1), [[0, -1, -1, -1]], ["a"], n)
+    draft = torch.tensor([70, 9, 2, 72, 4, 5])  # position 1 changes (9 -> 71), 3 stays 72, 5 changes
+    f2.apply(draft, nxt, ["a"])
+    f2.after_verify(torch.tensor([[0, 1, -1, -1]], dtype=torch.int32), ["a"])
+    assert (f2.proposed, f2.changed, f2.accepted, f2.changed_accepted) == (3, 2, 1, 1)
 
 
 def test_each_pick_is_applied_at_most_once_and_dropped_by_other_verifies():
@@ -211,3 +230,148 @@ def test_chain_trees_take_the_same_path_without_a_pointer_chase(chain):
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])
     f.apply(draft, nxt, ["a", "b"], chain=chain)
     assert draft.tolist() == [50, 51, 52, 53, 60, 61, 8, 9]
+
+
+@pytest.fixture(scope="module")
+def dec():
+    tok = hf_tokenizer(VOCAB)
+    return lambda ids: tok.decode(ids)
+
+
+def test_prefix_alternatives_are_other_single_tokens_spelling_a_prefix_of_the_forced_text(enc, dec):
+    """Each alternative of position i decodes to a prefix of the text left at token i, is not the forced token, and
+    there are at most ``limit``; position 0 (the root check) has none. Over JSON-like forced texts some exist."""
+    total = 0
+    for s in ['","age":', '{"name":"', '"},{"id":', '"]}', '","tags":["', ':{"x":']:
+        toks = stable_tokens(enc, s)
+        alts = prefix_alternatives(enc, dec, s, toks, limit=3)
+        assert len(alts) <= len(toks) and (not alts or alts[0] == ())
+        off = 0
+        for i, a in enumerate(alts):
+            rest = s[off:]
+            assert len(a) <= 3 and len(set(a)) == len(a)
+            for t in a:
+                assert t != toks[i] and rest.startswith(dec([t])) and dec([t]), (s, i, t)
+            off += len(dec([toks[i]]))
+        total += sum(len(a) for a in alts)
+    assert total > 0
+
+
+def test_prefix_alternatives_stop_where_the_tokens_do_not_spell_the_text(enc, dec):
+    s = '","age":'
+    toks = stable_tokens(enc, s)
+    assert len(toks) >= 2
+    bad = (toks[0], enc("zz")[0]) + tuple(toks[2:])  # token 1 spells something else
+    alts = prefix_alternatives(enc, dec, s, bad)
+    assert len(alts) == 2  # positions 0 and 1 looked up, nothing past the mismatch
+
+
+def _with_alternatives(f: ForcedDrafts, row: int, pos: int, alts: Sequence[int]) -> None:
+    """Give the not yet uploaded table's ``row`` at forced position ``pos`` these prefix alternatives."""
+    assert f._host is not None
+    f._host[row, pos, 1 : 1 + len(alts)] = alts
+
+
+def test_the_draft_models_own_tokenization_of_the_forced_text_is_kept():
+    """Where the draft model proposed a prefix alternative of a forced position, the replacement stops there: the
+    draft's own path from that position on is kept (it is the target's likely tokenization); elsewhere the forced
+    tokens replace the draft as before."""
+    n = 4
+    f = ForcedDrafts(width=4)
+    f.begin(2 * n)
+    f._host[1, :4, 0] = [50, 51, 52, 53]
+    f._host[4, :3, 0] = [60, 61, 62]
+    _with_alternatives(f, 1, 2, [90, 91])  # request a: 90 / 91 spell a prefix of what 52 starts
+    _with_alternatives(f, 4, 1, [80])  # request b: 80 spells a prefix of what 61 starts
+    f.upload("cpu")
+    f.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
+    nxt = _chain(2, n)[0]
+    draft = torch.tensor([50, 7, 91, 9, 60, 5, 8, 9])  # a: 7 is junk (replaced), 91 an alternative (kept, and 9 after it)
+    f.apply(draft, nxt, ["a", "b"])  # b: 5 is junk at position 1: replaced, and position 2 too
+    assert draft.tolist() == [50, 51, 91, 9, 60, 61, 62, 9]
+    f.after_verify(torch.tensor([[0, 1, 2, 3], [4, -1, -1, -1]], dtype=torch.int32), ["a", "b"])
+    assert (f.proposed, f.changed, f.accepted, f.changed_accepted) == (3, 3, 1, 1)
+    # the same alternative that equals the forced token is no reason to stop (it is the forced token)
+    g = ForcedDrafts(width=4)
+    g.begin(2 * n)
+    g._host[1, :3, 0] = [50, 51, 52]
+    _with_alternatives(g, 1, 1, [51, 92])
+    g.upload("cpu")
+    g.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
+    draft = torch.tensor([50, 92, 8, 9, 0, 0, 0, 0])
+    g.apply(draft, nxt, ["a", "b"], chain=True)
+    assert draft.tolist()[:4] == [50, 92, 8, 9]  # 92 at position 1 is an alternative: nothing replaced
+    draft = torch.tensor([50, 51, 8, 9, 0, 0, 0, 0])
+    h = ForcedDrafts(width=4)
+    h.begin(2 * n)
+    h._host[1, :3, 0] = [50, 51, 52]
+    _with_alternatives(h, 1, 1, [51])
+    h.upload("cpu")
+    h.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
+    h.apply(draft, nxt, ["a", "b"], chain=True)
+    assert draft.tolist()[:4] == [50, 51, 52, 9]
+
+
+def test_build_records_prefix_alternatives_with_a_decoder(enc, dec):
+    """With ``decode`` set, each recorded row carries the alternatives of :func:`prefix_alternatives` of its forced
+    text; without it, none."""
+    import xgrammar as xgr
+
+    grammar = G._compiler(VOCAB).compile_regex(r'\{"name":"[a-z]+","address":\{"street":"[a-z]+"\}\}')
+    ids = list(enc('{"name":"ab","address":{"street":"cd"}}'))
+
+    def matcher():
+        m = xgr.GrammarMatcher(grammar)
+        assert m.accept_token(ids[0])
+        return m
+
+    n = 4
+    rows_alt = []
+    for decode in (None, dec):
+        f = ForcedDrafts(width=6)
+        f.encode, f.decode = enc, decode
+        nxt, sib = _chain(1, n)
+        tok = torch.tensor([ids[:n]])  # the root is the committed first token
+        assert not TreeMaskBuilder().build([MaskRequest(matcher=matcher())], nxt, sib, tok, VOCAB, forced=f).failed
+        f.upload("cpu")
+        assert f._table is not None
+        rows_alt.append(f._table[..., 1:].clone())
+        ref = matcher()
+        for node in range(n):
+            if node:
+                assert ref.accept_token(int(tok[0, node]))
+            s = ref.find_jump_forward_string()
+            if not s or decode is None:
+                continue
+            want = prefix_alternatives(enc, dec, s, stable_tokens(enc, s)[:6])
+            for i, a in enumerate(want):
+                assert [x for x in f._table[node, i, 1:].tolist() if x >= 0] == list(a), (node, i)
+    assert bool((rows_alt[0] == -1).all()) and bool((rows_alt[1] >= 0).any())
+
+
+def test_a_failed_batched_walk_leaves_no_row_of_its_own(enc):
+    """The lockstep walk records rows (round 1: the first drafts) before request 1's matcher raises at its second
+    draft. The per-request rebuild that follows records no row (forced rows come from the lockstep walk only), so the
+    table keeps nothing of the failed attempt: every row is empty (32-node trees: the table is exactly the build's
+    rows)."""
+    ids = _doc_ids()
+    n, width = 32, 6
+    f = ForcedDrafts(width=width)
+    f.encode = enc
+    nxt = torch.full((2, n), -1, dtype=torch.int64)
+    nxt[0, 0] = 1
+    nxt[1, :3] = torch.tensor([1, 2, 3])
+    sib = torch.full((2, n), -1, dtype=torch.int64)
+    tok = torch.zeros((2, n), dtype=torch.int64)
+    tok[0, :2] = torch.tensor(ids[1:3])
+    tok[1, :4] = torch.tensor(ids[1:5])
+    assert ids[3] not in (ids[2], ids[4])  # the armed token is request 1's second draft only
+    bad = matcher_of(RaisingMatcher, "nested", ids[:2])
+    bad.armed = ids[3]
+    res = TreeMaskBuilder().build([MaskRequest(matcher=G.matcher("nested", VOCAB, ids[:2])), MaskRequest(matcher=bad)],
+                                  nxt, sib, tok, VOCAB, forced=f)
+    assert res.failed == [(1, f"RuntimeError: boom: token {ids[3]}")]
+    # the failed attempt did record rows: round 1, both first drafts (the same state, which forces a continuation)
+    assert f.continuation(G.matcher("nested", VOCAB, ids[:3])) and f.recorded_nodes == 2
+    f.upload("cpu")
+    assert f._table is not None and tuple(f._table.shape) == (2 * n, width, 1 + ALTERNATIVES) and bool((f._table == -1).all())

@@ -14,11 +14,12 @@ import random
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from sglang_eagle_overlap.core import GrammarStep, MaskRequest
-from sglang_eagle_overlap.core.forced import ForcedDrafts
+from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eo_dev.helpers.grammars import doc_tokens, matcher
 from sglang_eo_dev.helpers.trees import eagle_tree
@@ -235,8 +236,10 @@ class _Forced(ForcedDrafts):
         super().__init__()
         self.uploads: list = []
 
-    def continuation(self, matcher):
-        return [1]
+    def _entry(self, matcher):
+        rows = np.full((1, 1 + ALTERNATIVES), -1, dtype=np.int32)
+        rows[0, 0] = 1
+        return (1,), rows
 
     def upload(self, device) -> None:
         self.uploads.append(device)

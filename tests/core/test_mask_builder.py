@@ -6,8 +6,11 @@ The batch is ``test_mask_failures.py``'s: three ``regex`` requests, one 5-node d
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ import xgrammar as xgr
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
-from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup
+from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup, matcher_of
 
 STRATEGIES = ["lockstep", "native", "python"]
 
@@ -163,7 +166,20 @@ def test_batched_walk_broken_by_one_matcher_is_redone_exactly(strategy, caplog):
     assert warned[0].endswith("); rebuilding request by request")
 
 
-class RejectingOnAccept:
+class _DepthGrammar:
+    """The part of a host grammar the builder's walk needs besides accepting and filling: a depth it rolls back,
+    never terminated."""
+
+    depth = 0
+
+    def rollback(self, k: int) -> None:
+        self.depth -= k
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+class RejectingOnAccept(_DepthGrammar):
     """A host grammar whose mask allows every token but whose ``accept_token`` raises ``ValueError`` for ``bad``
     (SGLang's grammar objects raise on a rejected token)."""
 
@@ -174,12 +190,6 @@ class RejectingOnAccept:
         if token == self.bad:
             raise ValueError(f"token {token} rejected")
         self.depth += 1
-
-    def rollback(self, k: int) -> None:
-        self.depth -= k
-
-    def is_terminated(self) -> bool:
-        return False
 
     def fill_vocab_mask(self, vocab_mask, idx: int) -> None:
         vocab_mask[idx] = -2  # every token but 0 and 32: a filled row, distinguishable from an all-allowed one
@@ -254,20 +264,24 @@ def test_fill_pool_creation_is_not_counted_against_the_time_limit(monkeypatch):
     assert torch.equal(got.bitmask, _reference())
 
 
+@pytest.mark.parametrize("limit,shown", [(0.0123, "12.3"), (0.5, "500.0"), (0.0, "0.0")])
 @pytest.mark.parametrize("strategy", ["lockstep", "python"])
-def test_time_limit_warning_gives_the_limit(strategy, monkeypatch, caplog):
+def test_time_limit_warning_gives_the_limit(strategy, limit, shown, monkeypatch, caplog):
+    """The warning gives the limit in ms (a zero limit is one too); ``timeouts`` counts over the builder's builds."""
     matchers, nxt, sib, tok = _setup()
     # every reading is a second later: the limit is hit
-    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=0.0123, clock=Clock(tick=1.0).perf_counter)
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit, clock=Clock(tick=1.0).perf_counter)
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
         got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert sorted(got.timed_out) == [0, 1, 2] and builder.timeouts == 3
     warned = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    assert warned == [f"sglang-eagle-overlap: tree mask for request r{i} exceeded 12.3 ms; this step it accepts only "
-                      "the grammar-masked bonus token" for i in range(3)]
+    assert warned == [f"sglang-eagle-overlap: tree mask for request r{i} exceeded {shown} ms; this step it accepts "
+                      "only the grammar-masked bonus token" for i in range(3)]
     ref = _reference()
     for i in range(3):
         assert torch.equal(got.bitmask[i * N], ref[i * N]) and bool((got.bitmask[i * N + 1 : (i + 1) * N] == -1).all())
+    again = builder.build(_reqs(matchers[:2]), nxt[:2], sib[:2], tok[:2], VOCAB)
+    assert sorted(again.timed_out) == [0, 1] and builder.timeouts == 5
 
 
 @pytest.mark.parametrize("strategy,limit", [("lockstep", 1.5), ("python", 1.5)])
@@ -315,3 +329,186 @@ def test_out_of_vocabulary_drafts_stay_on_the_native_path(caplog):
     assert torch.equal(got.bitmask, exact.bitmask) and got.valid_nodes == exact.valid_nodes
     for row in (2, N + 4, 2 * N + 1, 2 * N + 3):  # the invalid nodes (and the child of one)
         assert bool((got.bitmask[row] == -1).all()), row
+
+
+def test_early_returns_measure_their_build_time(monkeypatch):
+    """``build_s`` is the call's own span on ``time.perf_counter`` for the early returns too (an empty batch, a batch
+    without a constrained request); here a ``perf_counter`` that moves 0.25 s per reading."""
+    readings = itertools.count()
+    monkeypatch.setattr(mask_mod, "time", SimpleNamespace(perf_counter=lambda: 0.25 * next(readings),
+                                                          thread_time=time.thread_time))
+    _, nxt, sib, tok = _setup()
+    empty = torch.zeros((0, N), dtype=torch.int64)
+    assert TreeMaskBuilder(threads=1).build([], empty, empty, empty, VOCAB).build_s == 0.25
+    free = TreeMaskBuilder(threads=1).build([MaskRequest()] * 3, nxt, sib, tok, VOCAB)
+    assert free.bitmask is None and free.build_s == 0.25
+
+
+class NativeWalkSpy(xgr.GrammarMatcher):
+    """A real matcher that records the time threshold the native strategy gives xgrammar's ``traverse_draft_tree``;
+    ``report_timeout``: that walk reports a time-out after filling its rows (xgrammar's own timer runs on real time,
+    not on the builder's clock); ``fail``: it raises (xgrammar failing inside the native walk)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.thresholds = []
+        self.report_timeout = False
+        self.fail = False
+
+    def traverse_draft_tree(self, nxt, sib, tok, bitmask, time_threshold=-1.0, *args, **kwargs) -> bool:
+        self.thresholds.append(time_threshold)
+        if self.fail:
+            raise RuntimeError("boom: native walk")
+        done = super().traverse_draft_tree(nxt, sib, tok, bitmask, time_threshold, *args, **kwargs)
+        return False if self.report_timeout else done
+
+
+def _warnings(caplog) -> list:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_native_walk_gets_the_time_left_as_xgrammars_threshold():
+    """The native strategy gives xgrammar's ``traverse_draft_tree`` the time left until the deadline (on the builder's
+    clock); without a time limit a threshold <= 0, which xgrammar reads as none."""
+    matchers, nxt, sib, tok = _setup(NativeWalkSpy)
+    got = TreeMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert torch.equal(got.bitmask, _reference())
+    assert [len(m.thresholds) for m in matchers] == [1, 1, 1] and all(m.thresholds[0] <= 0 for m in matchers)
+    matchers, nxt, sib, tok = _setup(NativeWalkSpy)
+    builder = TreeMaskBuilder(strategy="native", threads=1, time_limit_s=30.0, clock=Clock().perf_counter)
+    got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert torch.equal(got.bitmask, _reference()) and got.timed_out == []
+    assert [m.thresholds for m in matchers] == [[30.0]] * 3  # the clock is frozen: the whole limit is left
+
+
+def test_native_walk_timed_out_by_xgrammar_keeps_the_root_row_only(caplog):
+    """xgrammar's timer ends request 1's native walk (``traverse_draft_tree`` returns False after writing rows): the
+    request is reported as timed out -- not as a failed walk to rebuild --, its root row is exact, its other rows are
+    all-allowed, its matcher is unchanged, and the other requests' rows are exact."""
+    matchers, nxt, sib, tok = _setup(NativeWalkSpy)
+    matchers[1].report_timeout = True
+    before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
+    builder = TreeMaskBuilder(strategy="native", threads=1, time_limit_s=30.0, clock=Clock().perf_counter)
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert got.timed_out == [1] and builder.timeouts == 1 and got.failed == []
+    assert _warnings(caplog) == ["sglang-eagle-overlap: tree mask for request r1 exceeded 30000.0 ms; this step it "
+                                 "accepts only the grammar-masked bonus token"]
+    ref = _reference()
+    assert torch.equal(got.bitmask[N], ref[N]) and bool((got.bitmask[N + 1 : 2 * N] == -1).all())
+    assert torch.equal(got.bitmask[:N], ref[:N]) and torch.equal(got.bitmask[2 * N :], ref[2 * N :])
+    for m, b in zip(matchers, before):
+        assert torch.equal(G.next_token_bitmask(m, VOCAB), b)
+
+
+def test_native_walk_broken_by_one_matcher_is_redone_with_exact_rows(caplog):
+    """xgrammar raises inside the last request's native walk, after the builder zeroed that request's rows for it: the
+    per-request rebuild walks it exactly, and its rows are the exact walk's (the zeroed rows of its invalid nodes are
+    all-allowed again); the warning names the error."""
+    matchers, nxt, sib, tok = _setup(NativeWalkSpy)
+    matchers[2].fail = True
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    assert got.failed == [] and got.timed_out == [] and matchers[2].thresholds  # it failed where intended
+    ref = _reference()
+    assert bool((ref[2 * N :] == -1).all(dim=1).any())  # request 2 has rows the exact walk leaves all-allowed
+    assert torch.equal(got.bitmask, ref) and got.valid_nodes == _valid_rows(ref)
+    assert _warnings(caplog) == ["sglang-eagle-overlap: native tree mask build failed (RuntimeError: boom: native "
+                                 "walk); rebuilding request by request"]
+
+
+class UncheckedGrammar(_DepthGrammar):
+    """A host grammar whose ``accept_token`` takes any token (SGLang's outlines grammar object advances its FSM without
+    checking) and whose rows allow only the tokens of ``allowed``."""
+
+    def __init__(self, allowed, vocab: int) -> None:
+        self.row = torch.zeros(bitmask_width(vocab), dtype=torch.int32)
+        for t in allowed:
+            self.row[t >> 5] |= 1 << (t & 31)
+        self.accepted = []
+        self.depth = 0
+
+    def accept_token(self, token: int) -> None:
+        self.accepted.append(token)
+        self.depth += 1
+
+    def fill_vocab_mask(self, vocab_mask, idx: int) -> None:
+        vocab_mask[idx] = self.row
+
+
+def test_a_node_is_valid_only_if_its_parents_row_allows_its_token():
+    """Validity is decided by the parent's row (SGLang's ``traverse_tree``), not by whether the grammar object takes
+    the token: tree 0 - 1 / 0 - 2 with node 2's token outside the rows -- node 2 stays -1 and is never fed."""
+    g = UncheckedGrammar(allowed=[5, 40], vocab=64)
+    nxt = torch.tensor([[1, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1]])
+    tok = torch.tensor([[0, 5, 6]])
+    got = TreeMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
+    assert [bool(torch.equal(got.bitmask[i], g.row)) for i in range(3)] == [True, True, False]
+    assert bool((got.bitmask[2] == -1).all()) and got.valid_nodes == 2
+    assert g.accepted == [5] and g.depth == 0
+
+
+def test_host_grammar_rejecting_after_a_rollback_leaves_the_walk_consistent():
+    """Tree 0 - 1 - 3 / 0 - 2 / 0 - 4, node 2's token rejected by ``accept_token`` right after the walk rolled back
+    from node 3 to the root: node 4 is still walked from the root state, and the grammar ends where it started."""
+    g = RejectingOnAccept(bad=12)
+    nxt = torch.tensor([[1, 3, -1, -1, -1]])
+    sib = torch.tensor([[-1, 2, 4, -1, -1]])
+    tok = torch.tensor([[0, 11, 12, 13, 14]])
+    got = TreeMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
+    assert got.failed == [] and got.valid_nodes == 4 and g.depth == 0
+    assert [bool((got.bitmask[i] == -2).all()) for i in range(N)] == [True, True, False, True, True]
+    assert bool((got.bitmask[2] == -1).all())
+
+
+# A 4-token vocabulary in which token 0 is an ordinary character ('!' is id 0 in GPT-2's and Qwen's vocabularies;
+# the test tokenizers' id 0 is their EOS) and its grammar ``a!*b``.
+TINY_VOCAB = ["!", "a", "b", "</s>"]
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_grammar():
+    info = xgr.TokenizerInfo(TINY_VOCAB, stop_token_ids=[3])
+    return xgr.GrammarCompiler(info).compile_regex(r"a!*b")
+
+
+def _tiny_matcher(prefix):
+    m = xgr.GrammarMatcher(_tiny_grammar(), max_rollback_tokens=-1)
+    for t in prefix:
+        assert m.accept_token(t), t
+    return m
+
+
+def _tiny_row(prefix) -> torch.Tensor:
+    """The exact row after ``prefix`` (token ids), from a fresh matcher."""
+    return G.next_token_bitmask(_tiny_matcher(prefix), len(TINY_VOCAB))[0]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_token_zero_is_an_ordinary_token(strategy):
+    """Drafts of token id 0 the grammar allows are valid nodes: after "a", tree 0 - 1('!') - 3('!') / 0 - 2('b')."""
+    bang, a, b = 0, 1, 2
+    nxt = torch.tensor([[1, 3, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1, -1]])
+    tok = torch.tensor([[a, bang, b, bang]])
+    got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+        [MaskRequest(matcher=_tiny_matcher([a]))], nxt, sib, tok, len(TINY_VOCAB))
+    want = torch.stack([_tiny_row(p) for p in ([a], [a, bang], [a, b], [a, bang, bang])])
+    assert torch.equal(got.bitmask, want) and got.valid_nodes == 4
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_root_without_drafts_fills_its_root_row_only(strategy):
+    """Request 1's root has no child (every link -1) while its padding nodes carry a token its grammar would allow:
+    only its root row is filled, and request 0's rows are untouched by it."""
+    bang, a, b = 0, 1, 2
+    nxt = torch.tensor([[1, 3, -1, -1], [-1, -1, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1, -1], [-1, -1, -1, -1]])
+    tok = torch.tensor([[a, bang, b, bang], [a, b, b, b]])
+    got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+        [MaskRequest(matcher=_tiny_matcher([a])), MaskRequest(matcher=_tiny_matcher([a]))], nxt, sib, tok,
+        len(TINY_VOCAB))
+    want = torch.stack([_tiny_row(p) for p in ([a], [a, bang], [a, b], [a, bang, bang])])
+    assert torch.equal(got.bitmask[:4], want) and torch.equal(got.bitmask[4], _tiny_row([a]))
+    assert bool((got.bitmask[5:] == -1).all()) and got.valid_nodes == 5

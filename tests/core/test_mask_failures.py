@@ -15,9 +15,11 @@ entry state (its next-token bitmask is unchanged).
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
 from sglang_eagle_overlap.core import mask as mask_mod
@@ -52,6 +54,26 @@ class BrokenGrammar:
 NotAMatcher = G.CorruptMatcher  # accepts every token, raises on the fill
 
 
+class RaisingMatcher(xgr.GrammarMatcher):
+    """A real xgrammar matcher (the batched fills take it) whose ``accept_token`` raises for one ``armed`` token:
+    xgrammar failing inside the walk after the walk already filled rows and accepted other tokens."""
+
+    armed: Optional[int] = None
+
+    def accept_token(self, token_id: int, *args, **kwargs) -> bool:
+        if token_id == self.armed:
+            raise RuntimeError(f"boom: token {token_id}")
+        return bool(super().accept_token(token_id, *args, **kwargs))
+
+
+def matcher_of(cls, grammar: str, prefix, vocab: int = VOCAB):
+    """A ``cls`` (an ``xgrammar.GrammarMatcher`` subclass) matcher of a test grammar, advanced over ``prefix``."""
+    m = cls(G.compiled(grammar, vocab), max_rollback_tokens=-1)
+    for t in prefix:
+        assert m.accept_token(int(t)), t
+    return m
+
+
 def _tree(doc, at):
     nxt = [1, 3, -1, -1, -1]
     sib = [-1, 2, -1, 4, -1]
@@ -59,11 +81,15 @@ def _tree(doc, at):
     return nxt, sib, tok
 
 
-def _setup():
+def _setup(cls=None):
+    """The batch; ``cls``: its matchers are of that ``xgrammar.GrammarMatcher`` subclass (same states)."""
     rng = random.Random(3)
     docs = [list(G.doc_tokens("regex", rng, VOCAB)) for _ in range(3)]
     ats = [2, 4, 3]
-    matchers = [G.matcher("regex", VOCAB, d[:a]) for d, a in zip(docs, ats)]
+    if cls is None:
+        matchers = [G.matcher("regex", VOCAB, d[:a]) for d, a in zip(docs, ats)]
+    else:
+        matchers = [matcher_of(cls, "regex", d[:a]) for d, a in zip(docs, ats)]
     trees = [_tree(d, a) for d, a in zip(docs, ats)]
     nxt = torch.tensor([t[0] for t in trees])
     sib = torch.tensor([t[1] for t in trees])
@@ -113,3 +139,28 @@ def test_a_request_without_anything_to_walk_is_refused_by_name():
     with pytest.raises(ValueError, match=r"^request 'r8' has neither a matcher nor a grammar: nothing to walk$"):
         mask_mod._walk_request(MaskRequest(request_id="r8"), [-1], [-1], [0], 8, torch.zeros((1, 1), dtype=torch.int32),
                                0, None)
+
+
+def test_lockstep_walk_raising_after_another_request_finished_restores_every_matcher():
+    """Request 0's walk (a one-draft chain) is over -- its matcher rolled back to the entry state -- when request 1's
+    matcher raises in the same round, at its second draft. The batched walk is abandoned for every request, the
+    finished one included, which must not be rolled back again: the per-request rebuild gives request 0's exact rows,
+    reports request 1 alone, and both matchers end where they started."""
+    rng = random.Random(3)
+    docs = [list(G.doc_tokens("regex", rng, VOCAB)) for _ in range(2)]
+    nxt = torch.tensor([[1, -1, -1, -1, -1], [1, 2, 3, -1, -1]])
+    sib = torch.full((2, N), -1)
+    tok = torch.tensor([[0, docs[0][2], 0, 0, 0], [0, docs[1][2], docs[1][3], docs[1][4], 0]])
+    assert docs[1][3] not in (docs[1][2], docs[1][4])  # the armed token is the second draft's only
+    clean = TreeMaskBuilder(strategy="lockstep", threads=1).build(
+        [MaskRequest(matcher=G.matcher("regex", VOCAB, d[:2])) for d in docs], nxt, sib, tok, VOCAB)
+    matchers = [G.matcher("regex", VOCAB, docs[0][:2]), matcher_of(RaisingMatcher, "regex", docs[1][:2])]
+    matchers[1].armed = docs[1][3]
+    before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
+    got = TreeMaskBuilder(strategy="lockstep", threads=1).build(
+        [MaskRequest(matcher=m) for m in matchers], nxt, sib, tok, VOCAB)
+    assert got.failed == [(1, f"RuntimeError: boom: token {docs[1][3]}")]
+    assert torch.equal(got.bitmask[:N], clean.bitmask[:N]) and bool((got.bitmask[N:] == -1).all())
+    assert got.valid_nodes == 2  # request 0's root and draft
+    for m, b in zip(matchers, before):
+        assert torch.equal(G.next_token_bitmask(m, VOCAB), b)

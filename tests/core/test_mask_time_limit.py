@@ -12,6 +12,7 @@ depends on how busy the host is.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import torch
@@ -120,3 +121,27 @@ def test_growing_batch_reallocates_logarithmically():
         assert result.bitmask.shape[0] == bs * nxt.shape[1]
     # rows grow 4 -> 256: the buffer doubles (4, 8, 16, ..., 256 rows), never reallocated per new batch size
     assert builder.allocations == 7, builder.allocations
+
+
+def test_native_out_of_vocabulary_fallback_keeps_the_injected_clock(caplog):
+    """Under the native strategy a request with an out-of-vocabulary draft takes the exact walk (xgrammar's native walk
+    would read past the row for it), which keeps the time limit on the injected clock like the lockstep and python
+    walks: frozen, it never expires (exact mask); at 3/5 of the limit per reading every such request times out with its
+    root row exact and the rest -1, reported as a time-out, not as a failed native walk (no per-request rebuild)."""
+    reqs, (nxt, sib, tok) = _batch(3, seed=3)
+    tok = tok.clone()
+    tok[:, -1] = VOCAB + 7  # each chain's last draft
+    want = _exact(reqs, nxt, sib, tok)
+    n = nxt.shape[1]
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        frozen = TreeMaskBuilder(strategy="native", time_limit_s=0.0, clock=Clock())
+        result = frozen.build(reqs, nxt, sib, tok, VOCAB)
+        assert result.timed_out == [] and torch.equal(result.bitmask, want)
+        builder = TreeMaskBuilder(strategy="native", time_limit_s=LIMIT_S, clock=Clock(tick=0.6 * LIMIT_S))
+        result = builder.build(reqs, nxt, sib, tok, VOCAB)
+    assert sorted(result.timed_out) == [0, 1, 2] and builder.timeouts == 3 and result.failed == []
+    for i in range(3):
+        rows = result.bitmask[i * n : (i + 1) * n]
+        assert torch.equal(rows[0], want[i * n]) and bool((rows[1:] == -1).all()), i
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 3 and all(" exceeded 50.0 ms; " in w for w in warned), warned

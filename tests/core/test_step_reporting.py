@@ -25,7 +25,8 @@ from sglang_eo_dev.helpers.grammars import Recorder
 
 BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
              "join_wait_s", "helper_gil_s", "grammar_thread", "forced_drafts", "tokens_advanced", "ledger_requests",
-             "pinned_allocations", "pid", "forced_proposed", "forced_changed", "forced_accepted", "forced_nodes",
+             "pinned_allocations", "pid", "forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted",
+             "forced_nodes",
              "rank", "world_size", *COUNTERS}
 
 
@@ -33,16 +34,16 @@ def _rank(monkeypatch, value):
     monkeypatch.setattr(step_mod, "distributed_rank", lambda: value)
 
 
-def _forced(proposed, changed, accepted, nodes):
+def _forced(proposed, changed, accepted, changed_accepted, nodes):
     f = ForcedDrafts()
-    f._mirror = torch.tensor([proposed, changed, accepted], dtype=torch.int64)
+    f._mirror = torch.tensor([proposed, changed, accepted, changed_accepted], dtype=torch.int64)
     f.recorded_nodes = nodes
     return f
 
 
 def test_snapshot_names_every_number_it_reports(monkeypatch):
     _rank(monkeypatch, (1, 2))
-    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 11),
+    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 2, 11),
                        state=lambda: {"active": True})
     s = step.stats
     s.steps, s.sched_s, s.join_wait_s, s.helper_gil_s = 4, 0.25, 0.125, 0.0625
@@ -55,7 +56,8 @@ def test_snapshot_names_every_number_it_reports(monkeypatch):
         0.5, 0.75, 1.5, 0.3, 2)
     assert d["grammar_s"] == pytest.approx(0.5 + 0.75 + 1.5)
     assert d["grammar_thread"] is True and d["forced_drafts"] is True and d["active"] is True
-    assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_nodes"]) == (7, 3, 5, 11)
+    assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
+            d["forced_nodes"]) == (7, 3, 5, 2, 11)
     assert (d["rank"], d["world_size"]) == (1, 2) and d["pid"] == os.getpid()
     assert d[COUNTERS[0]] == 3 and all(d[c] == 0 for c in COUNTERS[1:])
     assert (d["tokens_advanced"], d["ledger_requests"], d["pinned_allocations"]) == (0, 0, 0)
@@ -66,7 +68,8 @@ def test_snapshot_without_a_group_or_forced_drafts(monkeypatch):
     d = GrammarStep(mask_threads=1).snapshot()
     assert set(d) == BASE_KEYS
     assert d["grammar_thread"] is False and d["forced_drafts"] is False
-    assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_nodes"]) == (0, 0, 0, 0)
+    assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
+            d["forced_nodes"]) == (0, 0, 0, 0, 0)
     assert (d["rank"], d["world_size"]) == (None, None)
 
 
@@ -112,7 +115,7 @@ def test_report_logs_the_first_step_then_every_interval(monkeypatch, caplog, tmp
     clock = [100.0]
     monkeypatch.setattr(step_mod.time, "monotonic", lambda: clock[0])
     step = GrammarStep(mask_threads=1, log_interval_s=30.0, stats_file=str(tmp_path / "s.json"),
-                       forced=_forced(4, 2, 1, 6))
+                       forced=_forced(4, 2, 1, 1, 6))
     step.stats.steps, step.stats.mask_s, step.stats.mask_timeouts = 1, 0.002, 1
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
         step.report()  # first step: a line
@@ -132,12 +135,12 @@ def test_report_logs_the_first_step_then_every_interval(monkeypatch, caplog, tmp
 
 
 def test_forced_deltas_are_what_moved_since_the_last_step():
-    f = _forced(0, 0, 0, 0)
+    f = _forced(0, 0, 0, 0, 0)
     step = GrammarStep(mask_threads=1, forced=f)
     assert step._forced_delta() == (0, 0)
-    f._mirror = torch.tensor([5, 4, 2], dtype=torch.int64)
+    f._mirror = torch.tensor([5, 4, 2, 1], dtype=torch.int64)
     assert step._forced_delta() == (5, 2)
-    f._mirror = torch.tensor([9, 6, 3], dtype=torch.int64)
+    f._mirror = torch.tensor([9, 6, 3, 2], dtype=torch.int64)
     assert step._forced_delta() == (4, 1)
     assert step._forced_delta() == (0, 0)
     assert GrammarStep(mask_threads=1)._forced_delta() == (0, 0)  # off: nothing ever moves
@@ -157,7 +160,7 @@ def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allo
     forced drafts are on, its hand-over time lies inside the call; the grammar thread is named."""
     _rank(monkeypatch, rank)
     names = []
-    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0), pin_memory=False)
+    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0, 0), pin_memory=False)
     try:
         t0 = time.perf_counter()
         job = step.start_build([], _Tree(), vocab_size=8, allow_timeout=asked,

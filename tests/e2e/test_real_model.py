@@ -207,6 +207,9 @@ def test_eagle3_greedy_token_identical_to_nonspec(engine_pool, sglang_version, b
         assert plugin_stats["forced_drafts"] is True, plugin_stats
         assert plugin_stats["forced_proposed"] >= plugin_stats["forced_accepted"] > 0, plugin_stats
         assert plugin_stats["forced_changed"] > 0, plugin_stats
+        # what the replacement itself won is counted inside both the changed and the accepted ones
+        won = plugin_stats["forced_changed_accepted"]
+        assert 0 <= won <= min(plugin_stats["forced_changed"], plugin_stats["forced_accepted"]), plugin_stats
     else:
         assert plugin_stats is None, plugin_stats
         if sglang_version[:3] == (0, 5, 16):
