@@ -83,7 +83,7 @@ def measure(bs: int, n: int, steps: int) -> Dict[str, Any]:
     builder = TreeMaskBuilder(threads=1)
     forced = ForcedDrafts()
     forced.encode = lambda s: tok_hf.encode(s, add_special_tokens=False)
-    forced.decode = lambda ids: tok_hf.decode(ids)  # as the plugin sets it: the prefix alternatives are built too
+    forced.decode = tok_hf.decode  # as the plugin sets it: the prefix alternatives are built too
     accept = torch.full((bs, 4), -1, dtype=torch.int32)
     accept[:, 0] = torch.arange(bs, dtype=torch.int32) * n
     accept[:, 1] = accept[:, 0] + 1

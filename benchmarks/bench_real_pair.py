@@ -184,7 +184,7 @@ def main() -> None:
                          f"{a['tokens']} | {a['verify_steps']} | {a['accept_length']:.3f} | "
                          f"{a['verify_per_token']:.3f} | {a['ms_per_verify_step']:.0f} | "
                          f"{p['forced_proposed']} / {p['forced_changed']} / {p['forced_accepted']} / "
-                         f"{p.get('forced_changed_accepted', '–')} | "
+                         f"{p['forced_changed_accepted']} | "
                          f"{(p['advance_s_ms'] or 0) + (p['tree_wait_s_ms'] or 0) + (p['mask_s_ms'] or 0):.2f} "
                          f"({p['sched_s_ms'] or 0:.2f}) |")
         if "off" not in by:

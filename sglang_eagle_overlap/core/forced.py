@@ -117,8 +117,8 @@ class ForcedDrafts:
         self._rows = 0
         self._table: Optional[torch.Tensor] = None  # this step's table on the device, until after_verify
         self._picked: Optional[Tuple[Tuple[str, ...], torch.Tensor, int]] = None  # (rids, [bs, width, 1+A], depth)
-        # this step's (proposed, changed) counts and the [bs * n] nodes apply() replaced / changed, until after_verify
-        self._written: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        # [2, bs * n] bool, until after_verify: the nodes apply() replaced, and of those the ones it changed
+        self._written: Optional[torch.Tensor] = None
         # device int64 [4]: proposed, changed, accepted, changed_accepted
         self._counts: Optional[torch.Tensor] = None
         self._mirror = torch.zeros(4, dtype=torch.int64)  # host copy of _counts (non-blocking on a GPU)
@@ -245,10 +245,8 @@ class ForcedDrafts:
         flat = accept_index.to(torch.long).clamp(min=0)
         if written is not None:
             # this step's (proposed, changed) from apply() and the accepted ones of each, in one add
-            replaced, mask, changed = written
-            idx = flat.clamp(max=mask.numel() - 1)
-            hits = torch.stack([(mask[idx] & valid).sum(), (changed[idx] & valid).sum()])
-            self._add(torch.cat([replaced, hits]))
+            hits = (written[:, flat.clamp(max=written.shape[1] - 1)] & valid).sum(dim=(1, 2))
+            self._add(torch.cat([written.sum(dim=1), hits]))
         if table is None or table.shape[0] == 0:
             self._picked = None
             return
@@ -308,9 +306,6 @@ class ForcedDrafts:
         okf = ok.view(-1)
         new = toks.reshape(-1)
         flat[pos] = torch.where(okf, new, old)  # positions past the tree's end point at the root: written unchanged
-        differs = okf & (old != new)
-        mask = torch.zeros(bs * n, dtype=torch.bool, device=dev)
-        mask[pos] = okf
-        changed = torch.zeros(bs * n, dtype=torch.bool, device=dev)
-        changed[pos] = differs
-        self._written = (torch.stack([okf.sum(), differs.sum()]), mask, changed)
+        written = torch.zeros((2, bs * n), dtype=torch.bool, device=dev)
+        written[:, pos] = torch.stack([okf, okf & (old != new)])  # the root's repeats are all False
+        self._written = written

@@ -43,7 +43,7 @@ def before_verify(rt: Runtime, batch: Any, verify_input: Any, owned: bool) -> No
         tok = next((r.tokenizer for r in batch.reqs if getattr(r, "tokenizer", None) is not None), None)
         if tok is not None:
             forced.encode = lambda s: tok.encode(s, add_special_tokens=False)
-            forced.decode = lambda ids: tok.decode(ids)
+            forced.decode = tok.decode
     forced.apply(verify_input.draft_token, verify_input.retrieve_next_token, request_ids(batch.reqs),
                  draft_probs_used=getattr(verify_input, "draft_probs", None) is not None,
                  chain=getattr(verify_input, "topk", 0) == 1)

@@ -4,7 +4,7 @@ device pick after the verify and the replacement in the next step's tree (CPU te
 from __future__ import annotations
 
 import random
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
 from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives, stable_tokens
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.tokenizers import encode, hf_tokenizer
-from tests.core.test_mask_failures import RaisingMatcher, matcher_of
+from tests.core.test_mask_failures import RaisingMatcher
 
 VOCAB = 32000
 
@@ -100,14 +100,17 @@ def test_build_records_each_valid_nodes_continuation(enc):
     assert (table[3] == -1).all() and (table[n:] == -1).all()
 
 
-def _forced_after(rows: Sequence[Sequence[int]], accept_index: List[List[int]], rids: List[str],
-                  n: int) -> ForcedDrafts:
-    """A ForcedDrafts whose step had ``rows`` (flat rows -> tokens) and accepted ``accept_index``."""
+def _forced_after(rows: Sequence[Sequence[int]], accept_index: List[List[int]], rids: List[str], n: int,
+                  alternatives: Optional[Dict[Tuple[int, int], Sequence[int]]] = None) -> ForcedDrafts:
+    """A ForcedDrafts whose step had ``rows`` (flat rows -> tokens) and accepted ``accept_index``; ``alternatives``:
+    (row, forced position) -> that position's prefix alternatives."""
     f = ForcedDrafts(width=4)
     f.begin(len(rids) * n)
     for row, toks in enumerate(rows):
         if toks:  # what record() writes for a matcher whose continuation is these tokens
             f._host[row, : len(toks), 0] = toks
+    for (row, pos), alts in (alternatives or {}).items():
+        f._host[row, pos, 1 : 1 + len(alts)] = alts
     f.upload("cpu")
     f.after_verify(torch.tensor(accept_index, dtype=torch.int32), rids)
     return f
@@ -266,48 +269,29 @@ def test_prefix_alternatives_stop_where_the_tokens_do_not_spell_the_text(enc, de
     assert len(alts) == 2  # positions 0 and 1 looked up, nothing past the mismatch
 
 
-def _with_alternatives(f: ForcedDrafts, row: int, pos: int, alts: Sequence[int]) -> None:
-    """Give the not yet uploaded table's ``row`` at forced position ``pos`` these prefix alternatives."""
-    assert f._host is not None
-    f._host[row, pos, 1 : 1 + len(alts)] = alts
-
-
 def test_the_draft_models_own_tokenization_of_the_forced_text_is_kept():
     """Where the draft model proposed a prefix alternative of a forced position, the replacement stops there: the
     draft's own path from that position on is kept (it is the target's likely tokenization); elsewhere the forced
     tokens replace the draft as before."""
     n = 4
-    f = ForcedDrafts(width=4)
-    f.begin(2 * n)
-    f._host[1, :4, 0] = [50, 51, 52, 53]
-    f._host[4, :3, 0] = [60, 61, 62]
-    _with_alternatives(f, 1, 2, [90, 91])  # request a: 90 / 91 spell a prefix of what 52 starts
-    _with_alternatives(f, 4, 1, [80])  # request b: 80 spells a prefix of what 61 starts
-    f.upload("cpu")
-    f.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
+    rows = [[], [50, 51, 52, 53], [], [], [60, 61, 62], [], [], []]
+    # request a: 90 / 91 spell a prefix of what 52 starts; request b: 80 of what 61 starts
+    f = _forced_after(rows, AB_ACCEPTED, ["a", "b"], n, alternatives={(1, 2): [90, 91], (4, 1): [80]})
     nxt = _chain(2, n)[0]
     draft = torch.tensor([50, 7, 91, 9, 60, 5, 8, 9])  # a: 7 is junk (replaced), 91 an alternative (kept, and 9 after it)
     f.apply(draft, nxt, ["a", "b"])  # b: 5 is junk at position 1: replaced, and position 2 too
     assert draft.tolist() == [50, 51, 91, 9, 60, 61, 62, 9]
     f.after_verify(torch.tensor([[0, 1, 2, 3], [4, -1, -1, -1]], dtype=torch.int32), ["a", "b"])
     assert (f.proposed, f.changed, f.accepted, f.changed_accepted) == (3, 3, 1, 1)
-    # the same alternative that equals the forced token is no reason to stop (it is the forced token)
-    g = ForcedDrafts(width=4)
-    g.begin(2 * n)
-    g._host[1, :3, 0] = [50, 51, 52]
-    _with_alternatives(g, 1, 1, [51, 92])
-    g.upload("cpu")
-    g.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
+    # an alternative at the first drafted position: nothing replaced
+    rows = [[], [50, 51, 52], [], [], [], [], [], []]
+    g = _forced_after(rows, AB_ACCEPTED, ["a", "b"], n, alternatives={(1, 1): [51, 92]})
     draft = torch.tensor([50, 92, 8, 9, 0, 0, 0, 0])
     g.apply(draft, nxt, ["a", "b"], chain=True)
-    assert draft.tolist()[:4] == [50, 92, 8, 9]  # 92 at position 1 is an alternative: nothing replaced
+    assert draft.tolist()[:4] == [50, 92, 8, 9]
+    # a draft token equal to the forced one is no reason to stop, even listed among the alternatives
+    h = _forced_after(rows, AB_ACCEPTED, ["a", "b"], n, alternatives={(1, 1): [51]})
     draft = torch.tensor([50, 51, 8, 9, 0, 0, 0, 0])
-    h = ForcedDrafts(width=4)
-    h.begin(2 * n)
-    h._host[1, :3, 0] = [50, 51, 52]
-    _with_alternatives(h, 1, 1, [51])
-    h.upload("cpu")
-    h.after_verify(torch.tensor(AB_ACCEPTED, dtype=torch.int32), ["a", "b"])
     h.apply(draft, nxt, ["a", "b"], chain=True)
     assert draft.tolist()[:4] == [50, 51, 52, 9]
 
@@ -366,7 +350,7 @@ def test_a_failed_batched_walk_leaves_no_row_of_its_own(enc):
     tok[0, :2] = torch.tensor(ids[1:3])
     tok[1, :4] = torch.tensor(ids[1:5])
     assert ids[3] not in (ids[2], ids[4])  # the armed token is request 1's second draft only
-    bad = matcher_of(RaisingMatcher, "nested", ids[:2])
+    bad = G.matcher("nested", VOCAB, ids[:2], cls=RaisingMatcher)
     bad.armed = ids[3]
     res = TreeMaskBuilder().build([MaskRequest(matcher=G.matcher("nested", VOCAB, ids[:2])), MaskRequest(matcher=bad)],
                                   nxt, sib, tok, VOCAB, forced=f)

@@ -19,7 +19,7 @@ import xgrammar as xgr
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
-from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup, matcher_of
+from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup
 
 STRATEGIES = ["lockstep", "native", "python"]
 

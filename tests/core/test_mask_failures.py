@@ -66,14 +66,6 @@ class RaisingMatcher(xgr.GrammarMatcher):
         return bool(super().accept_token(token_id, *args, **kwargs))
 
 
-def matcher_of(cls, grammar: str, prefix, vocab: int = VOCAB):
-    """A ``cls`` (an ``xgrammar.GrammarMatcher`` subclass) matcher of a test grammar, advanced over ``prefix``."""
-    m = cls(G.compiled(grammar, vocab), max_rollback_tokens=-1)
-    for t in prefix:
-        assert m.accept_token(int(t)), t
-    return m
-
-
 def _tree(doc, at):
     nxt = [1, 3, -1, -1, -1]
     sib = [-1, 2, -1, 4, -1]
@@ -86,10 +78,7 @@ def _setup(cls=None):
     rng = random.Random(3)
     docs = [list(G.doc_tokens("regex", rng, VOCAB)) for _ in range(3)]
     ats = [2, 4, 3]
-    if cls is None:
-        matchers = [G.matcher("regex", VOCAB, d[:a]) for d, a in zip(docs, ats)]
-    else:
-        matchers = [matcher_of(cls, "regex", d[:a]) for d, a in zip(docs, ats)]
+    matchers = [G.matcher("regex", VOCAB, d[:a], cls=cls) for d, a in zip(docs, ats)]
     trees = [_tree(d, a) for d, a in zip(docs, ats)]
     nxt = torch.tensor([t[0] for t in trees])
     sib = torch.tensor([t[1] for t in trees])
@@ -154,7 +143,7 @@ def test_lockstep_walk_raising_after_another_request_finished_restores_every_mat
     assert docs[1][3] not in (docs[1][2], docs[1][4])  # the armed token is the second draft's only
     clean = TreeMaskBuilder(strategy="lockstep", threads=1).build(
         [MaskRequest(matcher=G.matcher("regex", VOCAB, d[:2])) for d in docs], nxt, sib, tok, VOCAB)
-    matchers = [G.matcher("regex", VOCAB, docs[0][:2]), matcher_of(RaisingMatcher, "regex", docs[1][:2])]
+    matchers = [G.matcher("regex", VOCAB, docs[0][:2]), G.matcher("regex", VOCAB, docs[1][:2], cls=RaisingMatcher)]
     matchers[1].armed = docs[1][3]
     before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
     got = TreeMaskBuilder(strategy="lockstep", threads=1).build(

@@ -211,11 +211,11 @@ def compiled(grammar: str, vocab_size: int) -> Any:
     raise ValueError(f"unknown grammar {grammar!r}; expected one of {GRAMMARS}")
 
 
-def matcher(grammar: str, vocab_size: int, prefix: List[int] = ()) -> Any:
-    """A fresh ``xgrammar.GrammarMatcher`` advanced over ``prefix``."""
+def matcher(grammar: str, vocab_size: int, prefix: List[int] = (), cls: Any = None) -> Any:
+    """A fresh ``xgrammar.GrammarMatcher`` (or of its subclass ``cls``) advanced over ``prefix``."""
     import xgrammar as xgr
 
-    m = xgr.GrammarMatcher(compiled(grammar, vocab_size), max_rollback_tokens=-1)
+    m = (cls or xgr.GrammarMatcher)(compiled(grammar, vocab_size), max_rollback_tokens=-1)
     for t in prefix:
         if not m.accept_token(int(t)):
             raise ValueError(f"prefix token {t} rejected by {grammar}")
