@@ -21,7 +21,14 @@ issue 17: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``) and ``thread`` (started on 
 launch, joined before sampling: the default). Each path gets its own engine; the two alternate per topk (inline,
 thread, repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
 rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
-thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19).
+thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19); ``inline-forced``
+is the inline path with them switched on. ``--before REV`` adds the path ``before``: the plugin as git revision REV
+of this checkout had it, with that revision's defaults, in an engine started from a child interpreter whose
+``PYTHONPATH`` puts REV's package (``git archive``) first -- so a change is compared with the code it replaces in one
+run, same harness, same tokens checked; the criterion column then reads ``inline`` (the new default) against it::
+
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py \
+        --before ce5faff --paths inline,inline-forced --batches 8,64 --max-new-tokens 16
 
 Run (one engine at a time: the lock keeps other engine runs off the 2 cores)::
 
@@ -53,8 +60,11 @@ from bench_gpu_constrained import BENCH_SCHEMA  # noqa: E402  the GPU table's sc
 SPECS = ("topk1", "topk4")
 BATCHES = (1, 8, 32, 64)
 PATHS = ("inline", "thread")
-# ``thread-noforced``: the grammar thread with grammar-forced drafts off (issue 19), i.e. the verify step before them
-ALL_PATHS = ("inline", "thread-noforced", "thread")
+# ``thread-noforced``: the grammar thread with grammar-forced drafts off (issue 19), i.e. the verify step before them;
+# ``inline-forced``: the inline path with forced drafts switched on; ``before``: the plugin of the git revision
+# ``--before`` names, with that revision's defaults (its engine in a child process that imports that revision's
+# package), so that a change is measured against the code it replaces in the same run
+ALL_PATHS = ("before", "inline", "inline-forced", "thread-noforced", "thread")
 VOCAB = 128256
 PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_wait_s", "helper_gil_s",
                "mask_timeouts")
@@ -121,10 +131,11 @@ def markdown(result: Dict[str, Any]) -> str:
         "`BENCH_SCHEMA` are in the mean, not in the median). (b') = "
         "constrained (step - forward) - (a): everything extra, no attribution (noisier). `join` = wait for the grammar "
         "thread; `gil` = its CPU time outside native fills; `work` = advance + tree wait + mask wherever it ran. "
-        "`b thread/inline` is the issue's criterion (<= 1/3 at bs 64).",
+        "`b new/old` is the issue's criterion (<= 1/3 at bs 64): inline against `before` (the revision `--before` "
+        "names) when it ran, else thread against inline.",
         "",
         "| EAGLE3 | bs | path | steps | step ms (unc / json) | forward ms (unc / json) | (a) ms | (b) ms | (b) mean ms "
-        "| (b') ms | grammar calls ms | join ms | gil ms | work ms | accept | b thread/inline |",
+        "| (b') ms | grammar calls ms | join ms | gil ms | work ms | accept | b new/old |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -138,7 +149,7 @@ def markdown(result: Dict[str, Any]) -> str:
                 continue
             u, j, b, p = c["unconstrained"], c["json"], c["budget"], c["plugin"] or {}
             work = None if not p else p["advance_ms"] + p["tree_wait_ms"] + p["mask_ms"]
-            ratio = row.get("b_ratio") if path == "thread" else None
+            ratio = row.get("b_ratio") if path == row.get("b_ratio_path") else None
             lines.append(
                 f"| {row['spec']} | {row['bs']} | {path} | {u.get('n', 0)}/{j.get('n', 0)} | "
                 f"{f(u.get('step_ms'), '{:.1f}')} / {f(j.get('step_ms'), '{:.1f}')} | "
@@ -179,9 +190,11 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     os.environ[STEP_TIMES_ENV] = step_file
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
     threaded = path.startswith("thread")
+    forced = {"thread-noforced": False, "inline-forced": True}.get(path)
     # the switches go through EngineConfig: the CPU runtime sets them for the scheduler and clears what it does not set
+    # (``before``: unset, the revision's own defaults)
     cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=True, vocab_size=VOCAB,
-                       forced_drafts=False if path == "thread-noforced" else None, grammar_thread=threaded,
+                       forced_drafts=forced, grammar_thread=threaded,
                        max_running_requests=max(args.batches),
                        extra=(("constrained_json_disable_any_whitespace", True), ("disable_radix_cache", True)))
     t0 = time.monotonic()
@@ -218,6 +231,51 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     return out
 
 
+def materialize(rev: str, tmp: str) -> str:
+    """The product package of git revision ``rev`` of this checkout, unpacked under ``tmp``; returns the folder to put
+    first on ``PYTHONPATH``."""
+    import subprocess
+
+    dest = os.path.join(tmp, f"before-{rev}")
+    os.makedirs(dest, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "sglang_eagle_overlap"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return dest
+
+
+def engine_in_child(spec: str, rep: int, args: argparse.Namespace, tmp: str, package_dir: str,
+                    problems: List[str]) -> Dict[str, Any]:
+    """:func:`one_engine` of the ``before`` path in a fresh interpreter whose ``sglang_eagle_overlap`` is the one in
+    ``package_dir`` (first on ``PYTHONPATH``; the venv's editable install comes after it), with that revision's
+    defaults. The rest -- this benchmark, the dev runtime, SGLang -- is this checkout's and this venv's."""
+    import subprocess
+
+    out_file = os.path.join(tmp, f"child-{spec}-{rep}.json")
+    job = {"spec": spec, "rep": rep, "tmp": tmp, "out": out_file, "batches": args.batches, "rounds": args.rounds,
+           "max_new_tokens": args.max_new_tokens}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([package_dir] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, check=True)
+    got = json.loads(Path(out_file).read_text())
+    problems += got["problems"]
+    return got["run"]
+
+
+def child(job_json: str) -> int:
+    """The child side of :func:`engine_in_child`: one ``before`` engine, its record written to the job's file."""
+    import sglang_eagle_overlap
+
+    job = json.loads(job_json)
+    print(f"[budget] child: sglang_eagle_overlap from {Path(sglang_eagle_overlap.__file__).parent}", flush=True)
+    args = argparse.Namespace(batches=job["batches"], rounds=job["rounds"], max_new_tokens=job["max_new_tokens"])
+    problems: List[str] = []
+    run = one_engine(job["spec"], "before", job["rep"], args, job["tmp"], problems)
+    run["package"] = str(Path(sglang_eagle_overlap.__file__).parent)
+    Path(job["out"]).write_text(json.dumps({"run": run, "problems": problems}))
+    return 0
+
+
 def aggregate(runs: Sequence[Dict[str, Any]], batches: Sequence[int]) -> List[Dict[str, Any]]:
     rows = []
     for spec in dict.fromkeys(r["spec"] for r in runs):
@@ -235,9 +293,12 @@ def aggregate(runs: Sequence[Dict[str, Any]], batches: Sequence[int]) -> List[Di
                 verify = sum(c["verify"] for c in cells)
                 row[path] = {"unconstrained": unc, "json": con, "plugin": plug, "budget": budget(unc, con, plug),
                              "accept_length": sum(c["tokens"] for c in cells) / verify if verify else 0.0}
-            bi = (row.get("inline") or {}).get("budget", {}).get("b_ms")
-            bt = (row.get("thread") or {}).get("budget", {}).get("b_ms")
+            # the issue's criterion: the new default path against today's (``before``), else thread against inline
+            base, new = ("before", "inline") if "before" in row else ("inline", "thread")
+            bi = (row.get(base) or {}).get("budget", {}).get("b_ms")
+            bt = (row.get(new) or {}).get("budget", {}).get("b_ms")
             row["b_ratio"] = bt / bi if bi and bt is not None else None
+            row["b_ratio_path"] = new
             rows.append(row)
     return rows
 
@@ -276,10 +337,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--render", type=Path, default=None,
                     help="rebuild the rows and the markdown of a saved result (its .json, rewritten in place with the "
                          ".md next to it) instead of running engines")
+    ap.add_argument("--before", default=None, metavar="REV",
+                    help="also run the plugin of git revision REV (path `before`, first in each alternation) with its "
+                         "own defaults; the criterion column then compares `inline` against it")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child is not None:
+        return child(args.child)
     if args.render is not None:
         return render(args.render)
     paths = [p for p in args.paths.split(",") if p]
+    if args.before and "before" not in paths:
+        paths.insert(0, "before")
+    if "before" in paths and not args.before:
+        ap.error("--paths before needs --before REV")
     if any(p not in ALL_PATHS for p in paths):
         ap.error(f"--paths: expected names from {ALL_PATHS}, got {paths}")
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -287,17 +358,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problems: List[str] = []
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
+        package_dir = materialize(args.before, tmp) if args.before else ""
         for spec in specs:
             for rep in range(args.repeats):
                 for path in paths:
                     print(f"[budget] {spec} {path} #{rep} ...", flush=True)
-                    runs.append(one_engine(spec, path, rep, args, tmp, problems))
+                    if path == "before":
+                        runs.append(engine_in_child(spec, rep, args, tmp, package_dir, problems))
+                    else:
+                        runs.append(one_engine(spec, path, rep, args, tmp, problems))
     result = {
         "command": " ".join(["flock /tmp/sglang-engine.lock",
                              f".venvs/{Path(sys.executable).parent.parent.name}/bin/python",
                              "benchmarks/bench_scheduler_budget.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": _machine(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-        "repeats": args.repeats, "rows": aggregate(runs, args.batches), "identical": identical_outputs(runs),
+        "repeats": args.repeats, "before": args.before, "rows": aggregate(runs, args.batches),
+        "identical": identical_outputs(runs),
         "problems": problems,
         "runs": [{k: v for k, v in r.items() if k != "cells"} | {"cells": {
             bs: {k: c[k] for k in ("unconstrained", "json", "plugin", "tokens", "verify")}

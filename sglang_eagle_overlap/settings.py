@@ -13,7 +13,7 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 | ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
 | ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the barrier advance and the mask build run on a grammar thread started \
 before the target-verify launch, joined before sampling; ``0``: inline on the scheduler thread after the launch | 0 |
-| ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only | 1 |
+| ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only; unset: ``auto``, on for STANDALONE only | auto |
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Type, Union
 
-__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "ENV", "Settings", "SettingsError", "default_mask_threads"]
+__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings", "SettingsError", "default_mask_threads"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -34,11 +34,14 @@ ENV = {
     "grammar_thread": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
 }
-# Grammar-forced drafts (issue 19) are on unless switched off. On the real pair (benchmarks/bench_real_pair.py) they cut
-# verify steps per output token by 14 % with an untrained STANDALONE draft and cost 0.7-1.0 % with the EAGLE3 draft
-# trained on the model's own JSON answers, plus ~0.1 ms of scheduler-thread time per step (README, "Grammar-forced
-# drafts").
-DEFAULT_FORCED_DRAFTS = True
+# Grammar-forced drafts (issue 19): ``None`` is "auto", on where the draft model does not know the output's structure
+# (STANDALONE: a generic small model drafts) and off for drafts trained on the target's outputs (EAGLE, EAGLE3, NEXTN).
+# Measured on the real pair (benchmarks/bench_real_pair.py, README "Grammar-forced drafts"): verify steps per output
+# token -13.3 % with the untrained STANDALONE draft, +0.0 % with the trained EAGLE3 draft (it already proposes 41 of
+# 45 forced tokens); recording the continuations is ~20 % of the scheduler thread's grammar time per step at bs 64
+# (0.4-0.5 ms on the project's CPU host, BENCH_SCHEMA, README "Scheduler-thread budget").
+FORCED_DRAFTS_AUTO_ALGORITHMS = frozenset({"STANDALONE"})
+DEFAULT_FORCED_DRAFTS: Optional[bool] = None
 # The grammar thread is off unless switched on. Measured on an H200 (SGLang 0.5.16, CUDA graphs, README "GPU
 # benchmark", benchmarks/results/gpu_constrained_cuda_0.5.16_h200_*): the inline path was +0.2-3.7 % over unconstrained
 # (median step) where the thread path was +4.4-24.5 %, and its mask phase took 1.3-1.8x as long: next to the scheduler
@@ -68,7 +71,14 @@ class Settings:
     log_interval_s: float = 30.0
     timeline_file: Optional[str] = None
     grammar_thread: bool = DEFAULT_GRAMMAR_THREAD
-    forced_drafts: bool = DEFAULT_FORCED_DRAFTS
+    forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
+
+    def forced_drafts_for(self, algorithm: str) -> bool:
+        """Whether grammar-forced drafts run for speculative ``algorithm`` (its SGLang name, e.g. ``EAGLE3``): the
+        switch when set, else on for :data:`FORCED_DRAFTS_AUTO_ALGORITHMS` only."""
+        if self.forced_drafts is not None:
+            return self.forced_drafts
+        return algorithm.upper() in FORCED_DRAFTS_AUTO_ALGORITHMS
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Settings":
@@ -78,11 +88,15 @@ class Settings:
             raw = env.get(ENV[key])
             return None if raw is None else raw.strip()
 
-        def flag(key: str, default: bool) -> bool:
+        def optional_flag(key: str) -> Optional[bool]:
             raw = (get(key) or "").lower()
             if raw not in _OFF + _ON:
                 raise SettingsError(f"{ENV[key]}={env.get(ENV[key])!r}: expected 1 / 0 (or on / off)")
-            return default if not raw else raw not in _OFF
+            return None if not raw else raw not in _OFF
+
+        def flag(key: str, default: bool) -> bool:
+            value = optional_flag(key)
+            return default if value is None else value
 
         enabled = flag("enabled", True)
         threads_raw = get("mask_threads")
@@ -90,7 +104,7 @@ class Settings:
         limit_raw = get("mask_time_limit_ms")
         limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
         grammar_thread = flag("grammar_thread", DEFAULT_GRAMMAR_THREAD)
-        forced_drafts = flag("forced_drafts", DEFAULT_FORCED_DRAFTS)
+        forced_drafts = optional_flag("forced_drafts")
         interval_raw = get("log_interval_s")
         interval = 30.0 if not interval_raw else _number(ENV["log_interval_s"], interval_raw, float, 0.0)
         return cls(

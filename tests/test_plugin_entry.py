@@ -139,8 +139,8 @@ def test_settings_are_read_once_into_one_object():
     import sglang_eagle_overlap.settings as settings_mod
 
     row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS" in line)
-    assert d.forced_drafts is DEFAULT_FORCED_DRAFTS and row.rstrip().endswith("| 1 |" if d.forced_drafts else "| 0 |")
-    for raw, want in (("1", True), ("on", True), ("0", False), ("off", False)):
+    assert d.forced_drafts is DEFAULT_FORCED_DRAFTS is None and row.rstrip().endswith("| auto |")
+    for raw, want in (("1", True), ("on", True), ("0", False), ("off", False), ("", None), (" ", None)):
         assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": raw}).forced_drafts is want
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": "sometimes"})
@@ -158,6 +158,33 @@ def test_the_runtime_has_forced_drafts_exactly_when_switched_on():
             assert rt.step.snapshot()["forced_drafts"] is on
         finally:
             runtime.reset()
+
+
+@pytest.mark.parametrize("switch,algorithm,want", [
+    (None, "STANDALONE", True), (None, "EAGLE3", False), (None, "EAGLE", False), (None, "", False),
+    (True, "EAGLE3", True), (False, "STANDALONE", False),
+])
+def test_forced_drafts_auto_decide_at_the_first_verify_by_algorithm(switch, algorithm, want):
+    """Unset ("auto"): on for STANDALONE only, decided once at the first verify (before its grammar job records
+    anything) and kept; a set switch wins over the algorithm."""
+    from types import SimpleNamespace
+
+    from sglang_eagle_overlap.integration import drafts, runtime
+    from sglang_eagle_overlap.settings import Settings
+
+    assert Settings(forced_drafts=switch).forced_drafts_for(algorithm) is want
+    runtime.reset()
+    try:
+        rt = runtime.create(Settings(forced_drafts=switch))
+        batch = SimpleNamespace(spec_algorithm=SimpleNamespace(name=algorithm) if algorithm else None, reqs=[])
+        drafts.before_verify(rt, batch, None, owned=False)  # a verify without the plugin's mask still decides
+        assert (rt.step.forced is not None) is want
+        assert rt.step.snapshot()["forced_drafts"] is want
+        other = SimpleNamespace(spec_algorithm=SimpleNamespace(name="STANDALONE"), reqs=[])
+        drafts.before_verify(rt, other, None, owned=False)  # decided once: a later batch changes nothing
+        assert (rt.step.forced is not None) is want
+    finally:
+        runtime.reset()
 
 
 def test_patched_sglang_gets_no_hooks(monkeypatch, caplog):

@@ -45,9 +45,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from torch.types import Device
 
-__all__ = ["ALTERNATIVES", "Decoder", "Encoder", "ForcedDrafts", "prefix_alternatives", "stable_tokens"]
+__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "prefix_alternatives", "stable_tokens"]
 
 Encoder = Callable[[str], Sequence[int]]
+BatchEncoder = Callable[[Sequence[str]], Sequence[Sequence[int]]]  # the same tokenization, many strings per call
 Decoder = Callable[[Sequence[int]], str]
 _CACHE_MAX = 8192
 ALTERNATIVES = 4  # other tokenizations kept per forced position (the table's last axis holds 1 + this many ids)
@@ -59,45 +60,56 @@ _ALT_CHARS = 16  # longest prefix of the forced text looked up as one token
 _PROBES = ("a", "A", "1", " ", '"', "{", "[", "}", "]", ",", "\n")
 
 
-def stable_tokens(encode: Encoder, s: str) -> Tuple[int, ...]:
+def _encoder_many(encode: Encoder, encode_batch: Optional[BatchEncoder]) -> BatchEncoder:
+    """The batch encoder to use: ``encode_batch`` (one native call for many strings) or ``encode`` per string."""
+    if encode_batch is not None:
+        return encode_batch
+    return lambda texts: [encode(t) for t in texts]
+
+
+def stable_tokens(encode: Encoder, s: str, encode_batch: Optional[BatchEncoder] = None) -> Tuple[int, ...]:
     """``encode(s)`` without its tail tokens that could merge with what follows: the longest prefix that
-    ``encode(s + p)`` keeps for every probe ``p`` (letters, digits, space, quote, brackets, comma, newline)."""
-    toks = tuple(int(t) for t in encode(s))
+    ``encode(s + p)`` keeps for every probe ``p`` (letters, digits, space, quote, brackets, comma, newline).
+    ``encode_batch`` (same tokenization, many strings per call) tokenizes ``s`` and its probes in one call."""
+    first, *longer = _encoder_many(encode, encode_batch)([s] + [s + probe for probe in _PROBES])
+    toks = tuple(int(t) for t in first)
     keep = len(toks)
-    for probe in _PROBES:
-        longer = encode(s + probe)
+    for ids in longer:
         k = 0
-        while k < keep and k < len(longer) and int(longer[k]) == toks[k]:
+        while k < keep and k < len(ids) and int(ids[k]) == toks[k]:
             k += 1
         keep = k
-        if keep == 0:
-            break
     return toks[:keep]
 
 
 def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence[int],
-                        limit: int = ALTERNATIVES) -> Tuple[Tuple[int, ...], ...]:
+                        limit: int = ALTERNATIVES,
+                        encode_batch: Optional[BatchEncoder] = None) -> Tuple[Tuple[int, ...], ...]:
     """Per forced token ``toks[i]`` of the text ``s``: up to ``limit`` other single tokens whose text is a prefix of
     ``s`` from token ``i``'s offset on (the same characters, tokenized otherwise), shortest first; position 0 (the
-    root check) gets none. Stops where ``decode`` of a token does not spell ``s`` (positions past it get none)."""
-    out: List[Tuple[int, ...]] = []
+    root check) gets none. Stops where ``decode`` of a token does not spell ``s`` (positions past it get none).
+    Every prefix looked up is tokenized in one ``encode_batch`` call when given."""
+    offsets: List[int] = []  # where each position's text starts in ``s``, up to the first token that does not spell it
     off = 0
-    for i, t in enumerate(toks):
-        rest = s[off:]
-        found: List[int] = []
-        if i:
-            for n in range(1, min(len(rest), _ALT_CHARS) + 1):
-                ids = encode(rest[:n])
-                if len(ids) == 1 and int(ids[0]) != int(t) and int(ids[0]) not in found:
-                    found.append(int(ids[0]))
-                    if len(found) == limit:
-                        break
-        out.append(tuple(found))
+    for t in toks:
+        offsets.append(off)
         piece = decode([int(t)])
-        if not piece or not rest.startswith(piece):
+        if not piece or not s.startswith(piece, off):
             break
         off += len(piece)
-    return tuple(out)
+    prefixes = sorted({s[o : o + n] for o in offsets[1:] for n in range(1, min(len(s) - o, _ALT_CHARS) + 1)})
+    ids_of = dict(zip(prefixes, _encoder_many(encode, encode_batch)(prefixes))) if prefixes else {}
+    out: List[Tuple[int, ...]] = [()]
+    for o, t in zip(offsets[1:], toks[1:]):
+        found: List[int] = []
+        for n in range(1, min(len(s) - o, _ALT_CHARS) + 1):
+            ids = ids_of[s[o : o + n]]
+            if len(ids) == 1 and int(ids[0]) != int(t) and int(ids[0]) not in found:
+                found.append(int(ids[0]))
+                if len(found) == limit:
+                    break
+        out.append(tuple(found))
+    return tuple(out) if offsets else ()
 
 
 class ForcedDrafts:
@@ -112,6 +124,8 @@ class ForcedDrafts:
         self.width = width
         self.encode: Optional[Encoder] = None
         self.decode: Optional[Decoder] = None
+        # optional: ``encode`` for many strings in one call (a forced string seen first costs two calls, not ~20)
+        self.encode_batch: Optional[BatchEncoder] = None
         self._cache: Dict[str, Tuple[Tuple[int, ...], npt.NDArray[np.int32]]] = {}
         self._host: Optional[npt.NDArray[np.int32]] = None  # [rows, width, 1 + ALTERNATIVES] of the build in progress
         self._rows = 0
@@ -169,11 +183,12 @@ class ForcedDrafts:
             return None
         entry = self._cache.get(s)
         if entry is None:
-            toks = stable_tokens(self.encode, s)[: self.width]
+            toks = stable_tokens(self.encode, s, self.encode_batch)[: self.width]
             rows = np.full((len(toks), 1 + ALTERNATIVES), -1, dtype=np.int32)
             rows[:, 0] = toks
             if self.decode is not None and toks:
-                for i, alts in enumerate(prefix_alternatives(self.encode, self.decode, s, toks)):
+                for i, alts in enumerate(prefix_alternatives(self.encode, self.decode, s, toks,
+                                                             encode_batch=self.encode_batch)):
                     rows[i, 1 : 1 + len(alts)] = alts
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()

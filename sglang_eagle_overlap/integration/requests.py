@@ -24,6 +24,7 @@ from sglang_eagle_overlap.core.step import GrammarStep
 __all__ = [
     "abort_mask_failed",
     "accept_run",
+    "algorithm_name",
     "committed_runs",
     "finish_with_error",
     "innermost_grammar",
@@ -35,6 +36,18 @@ __all__ = [
 logger = logging.getLogger("sglang_eagle_overlap")
 
 # ``req`` / ``reqs`` are SGLang's ``Req`` objects and ``grammar`` its grammar objects: Any (SGLang ships no types).
+
+
+def algorithm_name(obj: Any) -> str:
+    """The algorithm of a batch (``spec_algorithm``), server args (``speculative_algorithm``), an enum or a string."""
+    algo = obj
+    if obj is not None and not isinstance(obj, str) and not hasattr(obj, "name"):
+        algo = getattr(obj, "spec_algorithm", None)
+        if algo is None:
+            algo = getattr(obj, "speculative_algorithm", None)
+    if algo is None:
+        return ""
+    return str(getattr(algo, "name", algo)).upper()
 
 
 def is_xgrammar(grammar: Any) -> bool:

@@ -40,6 +40,7 @@ class Runtime:
     in_flight: Optional[Union[InFlight, VerifyContext]] = None
     origin: str = "plugin"
     announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
+    forced_decided: bool = False  # forced drafts on "auto": kept or dropped at the first verify (drafts.before_verify)
 
 
 _process: List[Optional[Runtime]] = [None]
@@ -65,7 +66,8 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         log_interval_s=settings.log_interval_s,
         state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
         grammar_thread=settings.grammar_thread,
-        forced=ForcedDrafts() if settings.forced_drafts else None,
+        # auto (None): created, then kept or dropped at the first verify, by its algorithm (drafts.before_verify)
+        forced=ForcedDrafts() if settings.forced_drafts is not False else None,
     )
     rt = Runtime(settings=settings, step=step, origin=origin)
     holder.append(rt)

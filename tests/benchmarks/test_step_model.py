@@ -110,6 +110,27 @@ def test_render_rebuilds_a_saved_result_from_its_engine_records(sb, tmp_path):
     assert "| (b) mean ms |" in text and text.count("| topk") == 2 * len(rows)
 
 
+def test_the_criterion_reads_the_new_default_against_the_revision_before_it(sb, tmp_path):
+    """With a ``before`` engine (``--before REV``) the criterion column is ``inline`` (the new default) over
+    ``before``, printed on the ``inline`` row; without one it stays thread over inline."""
+    import json
+
+    src = ROOT / "benchmarks" / "results" / "scheduler_budget_0.5.23_before_inline_inline-forced.json"
+    copy = tmp_path / src.name
+    copy.write_text(src.read_text())
+    assert sb.main(["--render", str(copy)]) == 0
+    result = json.loads(copy.read_text())
+    assert result["before"] and {r["path"] for r in result["runs"]} == {"before", "inline", "inline-forced"}
+    for row in result["rows"]:
+        assert row["b_ratio_path"] == "inline"
+        assert row["b_ratio"] == pytest.approx(row["inline"]["budget"]["b_ms"] / row["before"]["budget"]["b_ms"])
+    lines = (tmp_path / (src.name[: -len(".json")] + ".md")).read_text().splitlines()
+    marked = [ln for ln in lines if ln.startswith("| topk") and ln.rstrip().endswith("× |")]
+    assert len(marked) == len(result["rows"]) and all("| inline |" in ln for ln in marked)
+    rows = sb.aggregate([r for r in result["runs"] if r["path"] != "before"], [8])
+    assert all(r["b_ratio_path"] == "thread" and r["b_ratio"] is None for r in rows)  # no thread engine: no ratio
+
+
 def test_plugin_per_step_means(sb):
     d = {"steps": 4, "advance_s": 0.004, "tree_wait_s": 0.0, "mask_s": 0.008, "sched_s": 0.002, "join_wait_s": 0.001,
          "helper_gil_s": 0.0004, "mask_timeouts": 2}

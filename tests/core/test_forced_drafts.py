@@ -359,3 +359,44 @@ def test_a_failed_batched_walk_leaves_no_row_of_its_own(enc):
     assert f.continuation(G.matcher("nested", VOCAB, ids[:3])) and f.recorded_nodes == 2
     f.upload("cpu")
     assert f._table is not None and tuple(f._table.shape) == (2 * n, width, 1 + ALTERNATIVES) and bool((f._table == -1).all())
+
+
+def test_a_batch_encoder_gives_the_same_tokens_and_alternatives_in_one_call_each(enc, dec):
+    """``encode_batch`` (the same tokenization, many strings per call) changes nothing in what is found -- held-back
+    tails, alternatives, the stop at a token that does not spell the text -- and tokenizes each function's strings in
+    one call."""
+    calls: List[int] = []
+
+    def batch(texts: Sequence[str]) -> List[List[int]]:
+        calls.append(len(texts))
+        return [list(enc(t)) for t in texts]
+
+    for s in ['","age":', '{"name":"', '"},{"id":', '"]}', ': ', 'alpha beta', '']:
+        calls.clear()
+        toks = stable_tokens(enc, s)
+        assert stable_tokens(enc, s, batch) == toks and len(calls) == 1, s
+        calls.clear()
+        assert prefix_alternatives(enc, dec, s, toks, encode_batch=batch) == prefix_alternatives(enc, dec, s, toks)
+        assert len(calls) <= 1, s
+    bad = (enc('","')[0], enc("zz")[0], enc("age")[0])
+    assert (prefix_alternatives(enc, dec, '","age":', bad, encode_batch=batch)
+            == prefix_alternatives(enc, dec, '","age":', bad))
+    # through the cache: a forced string met first costs two batch calls, then none
+    f = ForcedDrafts(width=8)
+    f.encode, f.decode, f.encode_batch = enc, dec, batch
+    m = G.matcher("nested", VOCAB)
+    ref = ForcedDrafts(width=8)
+    ref.encode, ref.decode = enc, dec
+    fresh_seen = 0
+    for t in _doc_ids()[:60]:
+        calls.clear()
+        s = m.find_jump_forward_string()
+        fresh = bool(s) and s not in f._cache
+        got, want = f._entry(m), ref._entry(m)
+        assert len(calls) in ((1, 2) if fresh else (0,)), (s, calls)
+        fresh_seen += fresh
+        assert (got is None) == (want is None), s
+        if got is not None and want is not None:
+            assert got[0] == want[0] and (got[1] == want[1]).all(), s
+        assert m.accept_token(t)
+    assert fresh_seen >= 3

@@ -48,6 +48,9 @@ PLUGIN_STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
 # What every rank's plugin must have done identically (the rank-local timings and pids aside).
 SAME_ON_EVERY_RANK = ("steps", "tokens_advanced", "barrier_runs", "replays", "aborts", "mask_failures",
                       "ledger_resets", "fallback_steps", "overlap_kept", "mask_timeouts")
+# ... and, without injected faults, the grammar-forced drafts (the fault batch's rank-1-slow request takes the generic
+# walk on rank 1 only, which records no forced continuations; ranks of a real deployment take the same path)
+SAME_FORCED_ON_EVERY_RANK = ("forced_nodes", "forced_proposed")
 FAULT_RIDS = {"json": "tp-json", "raise": f"tp-{RAISE_MARKER}", "rank1_slow": f"tp-{RANK1_SLOW_MARKER}",
               "free": "tp-free"}
 MASK_LIMIT_ENV = "SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS"
@@ -55,7 +58,9 @@ MASK_LIMIT_MS = 40  # the rank-1-slow grammar sleeps 25 ms per row on rank 1: pa
 
 
 def _tp_cfg(spec: str, plugin: bool) -> EngineConfig:
-    return EngineConfig(pair="follower", spec=spec, overlap=True, product_plugin=plugin, tp_size=TP)
+    # grammar-forced drafts switched on (EAGLE3's default is off): every rank must replace the same drafts
+    return EngineConfig(pair="follower", spec=spec, overlap=True, product_plugin=plugin, tp_size=TP,
+                        forced_drafts=True if plugin else None)
 
 
 def _settled(read, *keys: str, timeout: float = 30.0) -> List[Dict[str, Any]]:
@@ -169,8 +174,9 @@ def test_tp2_every_rank_plugin_did_the_same_steps(engine_pool, spec):
     assert [p.get("rank") for p in plugin] == list(range(TP)) and {p.get("world_size") for p in plugin} == {TP}
     for p in plugin:
         assert p["active"] is True and p["steps"] > 0 and p["tokens_advanced"] > 0, p
+        assert p["forced_drafts"] is True, p  # switched on in _tp_cfg: the same table on every rank
         assert p["aborts"] == 0 and p["mask_failures"] == 0 and p["ledger_resets"] == 0, p
-    for name in SAME_ON_EVERY_RANK:
+    for name in SAME_ON_EVERY_RANK + SAME_FORCED_ON_EVERY_RANK:
         assert len({p[name] for p in plugin}) == 1, (name, [p[name] for p in plugin])
 
 

@@ -32,6 +32,7 @@ from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
     abort_mask_failed,
     accept_run,
+    algorithm_name,
     committed_runs,
     innermost_grammar,
     is_xgrammar,
@@ -80,18 +81,6 @@ class VerifyStep:
 
     batch: Any
     job: MaskJob
-
-
-def algorithm_name(obj: Any) -> str:
-    """The algorithm of a batch (``spec_algorithm``), server args (``speculative_algorithm``), an enum or a string."""
-    algo = obj
-    if obj is not None and not isinstance(obj, str) and not hasattr(obj, "name"):
-        algo = getattr(obj, "spec_algorithm", None)
-        if algo is None:
-            algo = getattr(obj, "speculative_algorithm", None)
-    if algo is None:
-        return ""
-    return str(getattr(algo, "name", algo)).upper()
 
 
 def is_eagle_family(obj: Any) -> bool:
