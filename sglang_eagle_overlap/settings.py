@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Type, Union
 
-__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings", "SettingsError", "default_mask_threads"]
+__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings",
+           "SettingsError", "default_mask_threads"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
