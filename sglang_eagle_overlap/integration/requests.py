@@ -19,7 +19,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core.ledger import AdvanceOutcome
 from sglang_eagle_overlap.core.mask import MaskRequest
-from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eagle_overlap.core.step import GrammarStep, StepMask
 
 __all__ = [
     "abort_mask_failed",
@@ -31,6 +31,9 @@ __all__ = [
     "is_xgrammar",
     "mask_request_for",
     "mask_requests",
+    "output_stride",
+    "result_runs",
+    "settle_mask",
 ]
 
 logger = logging.getLogger("sglang_eagle_overlap")
@@ -138,3 +141,45 @@ def committed_runs(reqs: Sequence[Any], next_token_ids: Sequence[int], accept_le
             yield i, req, [int(next_token_ids[i])]
         else:
             yield i, req, list(next_token_ids[i * stride : i * stride + accept_lens[i]])
+
+
+def output_stride(result: Any) -> int:
+    """Row stride of a speculative result's ``next_token_ids``: ``speculative_output_stride`` (0.5.20+), else
+    ``speculative_num_draft_tokens`` (0.5.16-0.5.19)."""
+    stride = getattr(result, "speculative_output_stride", None)
+    if stride is None:
+        stride = getattr(result, "speculative_num_draft_tokens", None)
+    if stride is None or stride < 1:
+        raise RuntimeError(
+            f"speculative result is missing a positive output row stride (speculative_output_stride="
+            f"{getattr(result, 'speculative_output_stride', None)!r})"
+        )
+    return int(stride)
+
+
+def result_runs(batch: Any, result: Any) -> Optional[Iterator[Tuple[int, Any, List[int]]]]:
+    """The runs one ``(batch, result)`` of the overlap loop commits to grammars (:func:`committed_runs`), or None when
+    it commits none: no result tokens, an idle batch, neither decode nor extend, or a decode result without accept
+    lengths (whether the batch holds a grammar at all, each band asks first, in its own terms). Waits for the result's
+    host copy before reading it. Both bands' barriers and 0.5.23's post-processing advance read a result through this,
+    so they skip and slice the same rows."""
+    reqs = getattr(batch, "reqs", None) or []
+    mode = batch.forward_mode
+    if result is None or result.next_token_ids is None or mode.is_idle():
+        return None
+    is_decode = mode.is_decode() and result.accept_lens is not None
+    if not (is_decode or mode.is_extend()):
+        return None
+    if result.copy_done is not None:
+        result.copy_done.synchronize()
+    lens = result.accept_lens.tolist() if is_decode else None
+    return committed_runs(reqs, result.next_token_ids.tolist(), lens, output_stride(result) if is_decode else 1)
+
+
+def settle_mask(step_mask: StepMask, reqs: Sequence[Any]) -> Any:
+    """After ``GrammarStep.finish_build`` / ``build_mask``, before sampling: abort every request whose grammar raised
+    during the build (alone), and return the batch's first grammar object (None: no request constrained; the band then
+    leaves SGLang's sampler without a grammar, and clears SGLang's leftover extend-stage mask its own way)."""
+    for i, error in step_mask.tree.failed:
+        abort_mask_failed(reqs[i], error)
+    return next((r.grammar for r in reqs if getattr(r, "grammar", None) is not None), None)

@@ -30,13 +30,13 @@ from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
-    abort_mask_failed,
     accept_run,
     algorithm_name,
-    committed_runs,
     innermost_grammar,
     is_xgrammar,
     mask_requests,
+    result_runs,
+    settle_mask,
 )
 from sglang_eagle_overlap.integration.runtime import Runtime
 
@@ -175,9 +175,7 @@ def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: 
     """After the target-verify launch, before sampling. Returns the device mask (None: no row constrained)."""
     step_mask = rt.step.finish_build(verify.job, device=verify_input.retrieve_next_token.device,
                                      draft_device=verify_input.draft_token)
-    for i, error in step_mask.tree.failed:
-        abort_mask_failed(batch.reqs[i], error)
-    grammar = next((req.grammar for req in batch.reqs if req.grammar is not None), None)
+    grammar = settle_mask(step_mask, batch.reqs)
     if grammar is not None:
         # As SGLang: the sampler checks ``verify_input.grammar``, and the extend stage's leftover vocab mask must not
         # be applied to the verify logits.
@@ -198,20 +196,13 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
     for b, r in list(queue):
         reqs = getattr(b, "reqs", None) or []
         live.update(str(req.rid) for req in reqs)
-        fm = b.forward_mode
-        if r is None or r.next_token_ids is None or fm.is_idle():
-            continue
         if not any(req.grammar is not None for req in reqs):
             continue
-        is_decode = fm.is_decode() and r.accept_lens is not None
-        if not (is_decode or fm.is_extend()):
+        runs = result_runs(b, r)
+        if runs is None:
             continue
-        if r.copy_done is not None:
-            r.copy_done.synchronize()
-        lens = r.accept_lens.tolist() if is_decode else None
-        stride = r.speculative_num_draft_tokens if is_decode else 1
         step.count("barrier_runs")
-        for _, req, run in committed_runs(reqs, r.next_token_ids.tolist(), lens, stride):
+        for _, req, run in runs:
             step.advance(str(req.rid), req.grammar, len(req.output_ids), run)
     step.prune(live)
     return step.tokens_fed - fed_before

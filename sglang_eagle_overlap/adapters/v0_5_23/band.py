@@ -29,11 +29,11 @@ from torch.types import Device
 from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration import drafts, runtime
-from sglang_eagle_overlap.integration.requests import abort_mask_failed, accept_run, committed_runs, mask_requests
+from sglang_eagle_overlap.integration.requests import accept_run, mask_requests, result_runs, settle_mask
 from sglang_eagle_overlap.integration.runtime import Runtime
 
 __all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "after_sample", "before_verify",
-           "build_grammar_vocab_mask", "hand_over_verify", "output_stride", "patched_grammar_tree", "start_grammar_job"]
+           "build_grammar_vocab_mask", "hand_over_verify", "patched_grammar_tree", "start_grammar_job"]
 
 # Every ``Any`` below is one of SGLang's objects (its GrammarTree class, Req, SamplingBatchInfo, GrammarMask, batches
 # and results): SGLang ships no types.
@@ -162,9 +162,7 @@ def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree,
     else:
         step_mask = rt.step.build_mask(mask_requests(reqs), tree.pending, vocab_size=sampling_info.vocab_size,
                                        device=device, barrier=barrier, draft_device=tree.draft_device)
-    for i, error in step_mask.tree.failed:
-        abort_mask_failed(reqs[i], error)
-    grammar = next((r.grammar for r in reqs if getattr(r, "grammar", None) is not None), None)
+    grammar = settle_mask(step_mask, reqs)
     if grammar is None:
         return None
     # As SGLang: otherwise the extend stage's leftover mask is applied to the verify logits.
@@ -176,20 +174,6 @@ def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree,
     return GrammarMask(grammar, step_mask.device_mask)
 
 
-def output_stride(result: Any) -> int:
-    """Row stride of a speculative result's ``next_token_ids`` (0.5.17-0.5.19 called it
-    ``speculative_num_draft_tokens``)."""
-    stride = getattr(result, "speculative_output_stride", None)
-    if stride is None:
-        stride = getattr(result, "speculative_num_draft_tokens", None)
-    if stride is None or stride < 1:
-        raise RuntimeError(
-            f"speculative result is missing a positive output row stride (speculative_output_stride="
-            f"{getattr(result, 'speculative_output_stride', None)!r})"
-        )
-    return int(stride)
-
-
 def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     """SGLang's ``advance_grammar_fsm`` contract, through the ledger: skip when ``result.grammar_advanced`` or no
     grammar or neither decode nor extend; extend advances the single prefill token (in-flight chunked prefill
@@ -199,18 +183,13 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     if result.grammar_advanced or not batch.has_grammar:
         return
     is_decode = batch.forward_mode.is_decode()
-    if not (is_decode or batch.forward_mode.is_extend()):
-        return
-    if is_decode and result.accept_lens is None:
-        return
-    if result.copy_done is not None:
-        result.copy_done.synchronize()
-    lens = result.accept_lens.tolist() if is_decode else None
-    stride = output_stride(result) if is_decode else 1
     finished = [str(r.rid) for r in batch.reqs if r.grammar is not None and r.finished()]
+    runs = result_runs(batch, result)
+    if runs is None:
+        return
     live = set()
     retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
-    for i, req, run in committed_runs(batch.reqs, result.next_token_ids.tolist(), lens, stride):
+    for i, req, run in runs:
         live.add(str(req.rid))
         retained[i] = accept_run(rt.step, req, len(req.output_ids), run)
     if is_decode:
