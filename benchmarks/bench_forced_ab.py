@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,11 +35,11 @@ from bench_forced_cost import VOCAB, _workload  # noqa: E402  one workload for b
 
 
 def _forced_class_at(rev: str) -> Any:
-    """``ForcedDrafts`` of ``core/forced.py`` at git revision ``rev``, loaded under its own module name."""
-    text = subprocess.run(["git", "show", f"{rev}:sglang_eagle_overlap/core/forced.py"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "forced_before.py"
-    path.write_text(text)
+    """``ForcedDrafts`` of ``core/forced.py`` at git revision ``rev``, loaded under its own module name (its imports of
+    the rest of the package resolve to the working tree's)."""
+    from sglang_eo_dev.helpers.scripts import package_at
+
+    path = package_at(rev, Path(tempfile.mkdtemp())) / "sglang_eagle_overlap" / "core" / "forced.py"
     spec = importlib.util.spec_from_file_location("forced_before", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -51,6 +50,7 @@ def _forced_class_at(rev: str) -> Any:
 def measure(before_cls: Any, bs: int, n: int, steps: int) -> Dict[str, Any]:
     from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
     from sglang_eagle_overlap.core.forced import ForcedDrafts
+    from sglang_eagle_overlap.integration.drafts import batch_encoder
     from sglang_eo_dev.helpers.tokenizers import hf_tokenizer
 
     tok_hf = hf_tokenizer(VOCAB)
@@ -59,9 +59,11 @@ def measure(before_cls: Any, bs: int, n: int, steps: int) -> Dict[str, Any]:
     rids = [r.request_id for r in reqs]
     builder = TreeMaskBuilder(threads=1)
     versions = {"before": before_cls(), "after": ForcedDrafts()}
-    for f in versions.values():  # as the plugin sets them (a revision without ``decode`` ignores it)
+    encode_batch = batch_encoder(tok_hf)
+    for f in versions.values():  # as the plugin sets them (a revision without ``decode`` / ``encode_batch`` ignores it)
         f.encode = lambda s: tok_hf.encode(s, add_special_tokens=False)
         f.decode = tok_hf.decode
+        f.encode_batch = encode_batch
     accept = torch.full((bs, 4), -1, dtype=torch.int32)
     accept[:, 0] = torch.arange(bs, dtype=torch.int32) * n
     accept[:, 1] = accept[:, 0] + 1

@@ -18,14 +18,15 @@ pair (accept ~1: every step pays the full tree mask), for EAGLE3 topk 1 (3 steps
 
 Paths compared in the same run: ``inline`` (grammar work on the scheduler thread after the verify launch, as before
 issue 17: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``) and ``thread`` (started on the grammar thread before the verify
-launch, joined before sampling: the default). Each path gets its own engine; the two alternate per topk (inline,
+launch, joined before sampling: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1``). Each path gets its own engine; the two alternate per topk (inline,
 thread, repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
 rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
 thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19); ``inline-forced``
-is the inline path with them switched on. ``--before REV`` adds the path ``before``: the plugin as git revision REV
-of this checkout had it, with that revision's defaults, in an engine started from a child interpreter whose
-``PYTHONPATH`` puts REV's package (``git archive``) first -- so a change is compared with the code it replaces in one
-run, same harness, same tokens checked; the criterion column then reads ``inline`` (the new default) against it::
+is the inline path with them switched on. ``--before REV`` adds the path ``before``: the plugin as git revision REV of
+this checkout had it, with that revision's defaults, in an engine started from a child interpreter whose
+``PYTHONPATH`` puts REV's package (``package_at``: ``git archive``) first -- so a change is compared with the code it
+replaces in one run, same harness, same tokens checked; the criterion column then reads ``inline`` (the new default)
+against it::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py \
         --before ce5faff --paths inline,inline-forced --batches 8,64 --max-new-tokens 16
@@ -231,19 +232,6 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     return out
 
 
-def materialize(rev: str, tmp: str) -> str:
-    """The product package of git revision ``rev`` of this checkout, unpacked under ``tmp``; returns the folder to put
-    first on ``PYTHONPATH``."""
-    import subprocess
-
-    dest = os.path.join(tmp, f"before-{rev}")
-    os.makedirs(dest, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "sglang_eagle_overlap"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    return dest
-
-
 def engine_in_child(spec: str, rep: int, args: argparse.Namespace, tmp: str, package_dir: str,
                     problems: List[str]) -> Dict[str, Any]:
     """:func:`one_engine` of the ``before`` path in a fresh interpreter whose ``sglang_eagle_overlap`` is the one in
@@ -358,7 +346,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problems: List[str] = []
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        package_dir = materialize(args.before, tmp) if args.before else ""
+        package_dir = ""
+        if args.before:
+            from sglang_eo_dev.helpers.scripts import package_at
+
+            package_dir = str(package_at(args.before, Path(tmp) / "before"))
         for spec in specs:
             for rep in range(args.repeats):
                 for path in paths:

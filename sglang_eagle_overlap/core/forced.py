@@ -97,7 +97,7 @@ def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence
         if not piece or not s.startswith(piece, off):
             break
         off += len(piece)
-    prefixes = sorted({s[o : o + n] for o in offsets[1:] for n in range(1, min(len(s) - o, _ALT_CHARS) + 1)})
+    prefixes = list(dict.fromkeys(s[o : o + n] for o in offsets[1:] for n in range(1, min(len(s) - o, _ALT_CHARS) + 1)))
     ids_of = dict(zip(prefixes, _encoder_many(encode, encode_batch)(prefixes))) if prefixes else {}
     out: List[Tuple[int, ...]] = [()]
     for o, t in zip(offsets[1:], toks[1:]):

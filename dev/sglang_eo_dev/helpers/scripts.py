@@ -1,14 +1,18 @@
-"""Import a file that is not in a package (a benchmark script) as a module, for tests of its pure functions."""
+"""Benchmark and test plumbing: import a file that is not in a package (a benchmark script) as a module, for tests of
+its pure functions; unpack the product package as a git revision of this checkout had it (before/after benchmarks)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
 
-__all__ = ["loaded_script"]
+__all__ = ["loaded_script", "package_at"]
+
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: dev/sglang_eo_dev/helpers/ -> repo root
 
 
 def loaded_script(path: Path, name: str) -> Iterator[ModuleType]:
@@ -24,3 +28,15 @@ def loaded_script(path: Path, name: str) -> Iterator[ModuleType]:
         yield mod
     finally:
         sys.modules.pop(name, None)
+
+
+def package_at(rev: str, dest: Path) -> Path:
+    """``sglang_eagle_overlap/`` as git revision ``rev`` of this checkout had it, unpacked (``git archive``) into
+    ``dest/<rev>``; returns that folder: put it first on ``PYTHONPATH`` to import the revision's package, or read one
+    of its modules from it."""
+    out = Path(dest) / rev
+    out.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "sglang_eagle_overlap"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out

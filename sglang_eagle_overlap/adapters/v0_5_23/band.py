@@ -183,10 +183,10 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     if result.grammar_advanced or not batch.has_grammar:
         return
     is_decode = batch.forward_mode.is_decode()
-    finished = [str(r.rid) for r in batch.reqs if r.grammar is not None and r.finished()]
     runs = result_runs(batch, result)
     if runs is None:
         return
+    finished = [str(r.rid) for r in batch.reqs if r.grammar is not None and r.finished()]  # before the runs are fed
     live = set()
     retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
     for i, req, run in runs:
