@@ -24,11 +24,20 @@ Invariants, per request key:
 
 The ledger never imports SGLang: a "grammar" is anything with ``accept_token(int)`` (raising ``ValueError`` or
 returning ``False`` on rejection) and ``is_terminated() -> bool``.
+
+Native feed (``advance(..., matcher=m, on_feed=f)``): when the grammar object is a thin wrapper over a native matcher
+(SGLang's ``XGrammarGrammar`` over xgrammar's ``GrammarMatcher``), the ledger feeds the matcher itself -- one
+``accept_token`` and one ``is_terminated`` per token instead of the wrapper's extra termination check and Python
+frame -- and skips the check before the run when its own last run of that matcher left it not terminated (nothing
+else feeds a matcher the ledger owns; a re-anchor or a rebuilt grammar forgets that knowledge). The matcher is never
+asked to accept a token once terminated. After a fresh feed (never on a replay) it calls ``f(grammar, outcome)``, so
+the caller can record the run on the wrapper as the wrapper itself would have. The outcome is the same as through the
+wrapper, but for a rejection's message (the wrapper's exception text is not there to quote).
 """
 
 from __future__ import annotations
 
-from typing import Collection, Dict, Hashable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, Hashable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 __all__ = [
     "AdvanceOutcome",
@@ -36,11 +45,20 @@ __all__ = [
     "GrammarLike",
     "LedgerConflictError",
     "LedgerGapError",
+    "MatcherLike",
 ]
 
 
 class GrammarLike(Protocol):
     def accept_token(self, token: int) -> object: ...
+
+    def is_terminated(self) -> bool: ...
+
+
+class MatcherLike(Protocol):
+    """A native matcher: ``accept_token`` returns False on a rejected token (never raises for one)."""
+
+    def accept_token(self, token: int) -> bool: ...
 
     def is_terminated(self) -> bool: ...
 
@@ -72,12 +90,13 @@ class _Entry:
     """``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
     only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key."""
 
-    __slots__ = ("consumed", "grammar", "history")
+    __slots__ = ("consumed", "grammar", "history", "live")
 
     def __init__(self, consumed: int, grammar: object = None) -> None:
         self.consumed = consumed
         self.grammar = grammar
         self.history: Dict[int, AdvanceOutcome] = {}
+        self.live = False  # the last run this entry fed left its grammar not terminated (False: unknown or terminated)
 
 
 class AcceptLedger:
@@ -105,8 +124,11 @@ class AcceptLedger:
         entry = self._entries.get(key)
         return None if entry is None else entry.history.get(start)
 
-    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
-        """Feed ``tokens`` (the run accepted at output position ``start``) to ``grammar`` exactly once."""
+    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int],
+                matcher: Optional[MatcherLike] = None,
+                on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> AdvanceOutcome:
+        """Feed ``tokens`` (the run accepted at output position ``start``) to ``grammar`` exactly once; through
+        ``matcher``, the native matcher inside it, when given (module docstring, "Native feed")."""
         toks = tuple(map(int, tokens))
         entry = self._entries.get(key)
         if entry is None or entry.grammar is not grammar:
@@ -132,7 +154,13 @@ class AcceptLedger:
                 f"request {key!r}: asked to advance from position {start} but the matcher has consumed only "
                 f"{entry.consumed} tokens; tokens {entry.consumed}..{start - 1} were never fed"
             )
-        outcome = _feed(grammar, start, toks)
+        if matcher is None:
+            outcome = _feed(grammar, start, toks)
+        else:
+            outcome = _feed_matcher(matcher, entry.live, start, toks)
+            if on_feed is not None:
+                on_feed(grammar, outcome)
+        entry.live = not outcome.terminated and outcome.error is None
         self.tokens_fed += len(outcome.retained)
         # A run that was cut (termination / rejection) moves ``consumed`` only past what the matcher really took.
         entry.consumed = start + len(outcome.retained)
@@ -178,3 +206,19 @@ def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOut
                 terminated = True
                 break
     return AdvanceOutcome(start, toks, tuple(retained), terminated, error)
+
+
+def _feed_matcher(m: MatcherLike, live: bool, start: int, toks: Tuple[int, ...]) -> AdvanceOutcome:
+    """:func:`_feed` straight into a native matcher: the same outcome, with one termination check per token (and one
+    before the run unless ``live``: the ledger's own last run left this matcher not terminated)."""
+    if not live and m.is_terminated():
+        return AdvanceOutcome(start, toks, (), True, None)
+    retained: List[int] = []
+    for tok in toks:
+        if not m.accept_token(tok):
+            return AdvanceOutcome(start, toks, tuple(retained), False,
+                                  f"grammar rejected token {tok} at output position {start + len(retained)}")
+        retained.append(tok)
+        if m.is_terminated():
+            return AdvanceOutcome(start, toks, tuple(retained), True, None)
+    return AdvanceOutcome(start, toks, tuple(retained), False, None)

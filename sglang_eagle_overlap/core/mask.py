@@ -94,6 +94,10 @@ class MaskRequest:
 
 @dataclass(slots=True)
 class TreeMask:
+    """One build's result. ``bitmask`` (unless the caller passed ``out``) is a view of the builder's reused buffer:
+    read it (upload, sample) before the next build, and never write into it -- the next build resets only the rows
+    this one wrote."""
+
     bitmask: Optional[torch.Tensor]  # int32 [rows, ceil(vocab/32)] on the CPU, or None if no row is constrained
     timed_out: List[int] = field(default_factory=list)  # batch indices whose non-root rows were not built
     failed: List[Tuple[int, str]] = field(default_factory=list)  # (batch index, error) whose grammar raised
@@ -139,7 +143,14 @@ class TreeMaskBuilder:
         self.parallel_min_work_s = 2e-3
         self._fill_cost_s = 20e-6
         self._buf: Optional[torch.Tensor] = None
+        # Sparse reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler thread's
+        # grammar time at bs 64): rows [0, _clean_rows) hold all-allowed words except the rows in ``_dirty``, which the
+        # last build may have written; rows from ``_clean_rows`` on are unknown. ``_dirty`` is None while a build is in
+        # progress (a build that raised leaves it None: the next one resets everything it uses).
+        self._clean_rows = 0
+        self._dirty: Optional[List[int]] = []
         self.allocations = 0  # observable: host bitmask buffer (re)allocations
+        self.reset_rows = 0  # observable: rows set back to all-allowed before builds, since creation
         self.timeouts = 0  # observable: requests that hit the time limit since creation
         # observable: CPU time of the calling thread inside GIL-free native calls (batched fills) since creation; a
         # grammar thread's CPU time minus this bounds the GIL time it took from the scheduler thread.
@@ -147,6 +158,9 @@ class TreeMaskBuilder:
 
     # -- buffers -------------------------------------------------------------------------------------------------
     def _bitmask(self, rows: int, width: int) -> torch.Tensor:
+        """The first ``rows`` rows of the reused host buffer, all-allowed. Only the rows the previous build wrote (and
+        rows never used before) are reset, not all of them. Call order: once per build, which then records what it
+        writes (``_dirty``) when it returns."""
         buf = self._buf
         if buf is None or buf.shape[0] < rows or buf.shape[1] != width:
             # Grow to the next power of two: a batch that grows step by step allocates (pinned: a slow, serialising
@@ -155,9 +169,20 @@ class TreeMaskBuilder:
             buf = torch.empty((cap, width), dtype=torch.int32, pin_memory=self.pin_memory)
             self.allocations += 1
             self._buf = buf
-        out = buf[:rows]
-        _fill_all_allowed(out)
-        return out
+            self._clean_rows, self._dirty = 0, []
+        dirty = self._dirty
+        if dirty is None:  # the last build did not finish: nothing it used is known
+            self._clean_rows, dirty = 0, []
+        arr = buf.numpy()
+        if dirty:
+            arr[dirty] = -1
+        clean = self._clean_rows
+        if rows > clean:
+            arr[clean:rows] = -1
+            self._clean_rows = rows
+        self.reset_rows += len(dirty) + max(rows - clean, 0)
+        self._dirty = None
+        return buf[:rows]
 
     def _ensure_batch_matchers(self) -> Tuple[xgr.BatchGrammarMatcher, xgr.BatchGrammarMatcher]:
         """The (threaded, serial) fill matchers, created on first use; the same object when ``threads`` is 1."""
@@ -214,6 +239,7 @@ class TreeMaskBuilder:
             _fill_all_allowed(mask)
         else:
             mask = self._bitmask(bs * n, width)
+        written: List[int] = []  # rows this build may leave other than all-allowed (the sparse reset's next input)
         nxt = retrieve_next_token.tolist()
         sib = retrieve_next_sibling.tolist()
         tok = draft_tokens.reshape(bs, n).tolist()
@@ -233,8 +259,10 @@ class TreeMaskBuilder:
             try:
                 if self.strategy == "lockstep":
                     result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask,
-                                                         deadline, result.timed_out, forced)
+                                                         deadline, result.timed_out, forced, written)
                 elif self.strategy == "native":
+                    for i in native:
+                        written.extend(range(i * n, (i + 1) * n))
                     result.valid_nodes += self._native(requests, native, retrieve_next_token, retrieve_next_sibling,
                                                        draft_tokens.reshape(bs, n), n, vocab_size, mask, deadline,
                                                        result.timed_out)
@@ -251,6 +279,7 @@ class TreeMaskBuilder:
                 result.valid_nodes = 0
                 generic = generic + native
         for i in generic:
+            written.extend(range(i * n, (i + 1) * n))
             try:
                 valid, done = _walk_request(requests[i], nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline,
                                             clock)
@@ -271,6 +300,8 @@ class TreeMaskBuilder:
                     "sglang-eagle-overlap: tree mask for request %s exceeded %.1f ms; this step it accepts only the "
                     "grammar-masked bonus token", requests[i].request_id or f"row {i}", (limit or 0) * 1e3,
                 )
+        if out is None:
+            self._dirty = written
         result.build_s = time.perf_counter() - t0
         return result
 
@@ -325,8 +356,9 @@ class TreeMaskBuilder:
     def _lockstep(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt: Sequence[Sequence[int]],
                   sib: Sequence[Sequence[int]], tok: Sequence[Sequence[int]], n: int, vocab_size: int,
                   mask: torch.Tensor, deadline: Optional[float], timed_out: List[int],
-                  forced: Optional[ForcedDrafts] = None) -> int:
+                  forced: Optional[ForcedDrafts] = None, written: Optional[List[int]] = None) -> int:
         threaded, serial = self._ensure_batch_matchers()
+        written = [] if written is None else written
         min_fills, min_work = self.parallel_min_fills, self.parallel_min_work_s
 
         def fill(matchers: List[xgr.GrammarMatcher], rows_: List[int]) -> None:
@@ -334,6 +366,7 @@ class TreeMaskBuilder:
             pooled = threaded is not serial and k >= min_fills and k * self._fill_cost_s >= min_work
             t = time.perf_counter()
             c = time.thread_time()
+            written.extend(rows_)
             (threaded if pooled else serial).batch_fill_next_token_bitmask(matchers, mask, rows_)
             self.native_cpu_s += time.thread_time() - c  # xgrammar releases the GIL inside batched fills
             per_fill = (time.perf_counter() - t) / k * (self.threads if pooled else 1)

@@ -50,6 +50,7 @@ from sglang_eagle_overlap.core.ledger import (
     GrammarLike,
     LedgerConflictError,
     LedgerGapError,
+    MatcherLike,
 )
 from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
@@ -207,20 +208,24 @@ class GrammarStep:
         return self.ledger.outcome(key, start) is not None
 
     # -- 2./4. the exactly-once advance --------------------------------------------------------------------------
-    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
-        """Feed ``tokens`` (committed at output position ``start``) to ``grammar`` exactly once.
+    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int],
+                matcher: Optional[MatcherLike] = None,
+                on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> AdvanceOutcome:
+        """Feed ``tokens`` (committed at output position ``start``) to ``grammar`` exactly once (through ``matcher``,
+        the native matcher inside it, when given; ``on_feed(grammar, outcome)`` after a fresh feed:
+        ``AcceptLedger``, "Native feed").
 
         If the ledger and the host disagree about the position (the host rolled or rebuilt the matcher behind the
         ledger's back), the entry is re-anchored at the host's position, counted and logged, instead of raising into
         the host's scheduler loop."""
         try:
-            return self.ledger.advance(key, grammar, start, tokens)
+            return self.ledger.advance(key, grammar, start, tokens, matcher, on_feed)
         except (LedgerGapError, LedgerConflictError) as exc:
             logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
                            key, start, exc)
             self.stats.count("ledger_resets")
             self.ledger.reset(key, start)
-            return self.ledger.advance(key, grammar, start, tokens)
+            return self.ledger.advance(key, grammar, start, tokens, matcher, on_feed)
 
     def prune(self, live: Collection[Hashable], finished: Sequence[Hashable] = ()) -> None:
         """Keep the ledger bounded: drop ``finished`` requests, and all not ``live`` once it outgrows the batch."""

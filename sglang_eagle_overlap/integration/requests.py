@@ -24,6 +24,7 @@ from sglang_eagle_overlap.core.step import GrammarStep, StepMask
 __all__ = [
     "abort_mask_failed",
     "accept_run",
+    "advance_request",
     "algorithm_name",
     "committed_runs",
     "finish_with_error",
@@ -32,6 +33,7 @@ __all__ = [
     "mask_request_for",
     "mask_requests",
     "output_stride",
+    "record_on_xgrammar",
     "result_runs",
     "settle_mask",
 ]
@@ -101,13 +103,35 @@ def finish_with_error(req: Any, message: str) -> bool:
     return True
 
 
+def record_on_xgrammar(grammar: Any, outcome: AdvanceOutcome) -> None:
+    """What SGLang's ``XGrammarGrammar.accept_token`` records on itself besides feeding its matcher, for a run the
+    ledger fed to that matcher directly: the last token offered (``current_token``; a rejected one included) and the
+    accepted ones (``accepted_tokens``). A grammar terminated before the run was offered nothing."""
+    kept = outcome.retained
+    if outcome.error is not None:
+        grammar.current_token = outcome.tokens[len(kept)]
+    elif kept:
+        grammar.current_token = kept[-1]
+    grammar.accepted_tokens.extend(kept)
+
+
+def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
+    """``step.advance`` of ``req``'s run, through the bare xgrammar matcher when its grammar is SGLang's
+    ``XGrammarGrammar`` itself (``AcceptLedger``, "Native feed": fewer native calls, no wrapper frame; the wrapper's
+    own record kept by :func:`record_on_xgrammar`), else through the grammar object."""
+    grammar = req.grammar
+    if is_xgrammar(grammar):
+        return step.advance(str(req.rid), grammar, start, tokens, grammar.matcher, record_on_xgrammar)
+    return step.advance(str(req.rid), grammar, start, tokens)
+
+
 def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
     """Feed the run ``tokens`` that ``req`` committed at output position ``start`` to its grammar, exactly once
     (replayed if the verify barrier fed it already), and return the run the request keeps (module docstring)."""
     rid = str(req.rid)
     if step.was_advanced(rid, start):
         step.count("replays")
-    outcome: AdvanceOutcome = step.advance(rid, req.grammar, start, tokens)
+    outcome: AdvanceOutcome = advance_request(step, req, start, tokens)
     if outcome.error is not None:
         if finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {outcome.error}"):
             logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens),

@@ -512,3 +512,78 @@ def test_a_root_without_drafts_fills_its_root_row_only(strategy):
     want = torch.stack([_tiny_row(p) for p in ([a], [a, bang], [a, b], [a, bang, bang])])
     assert torch.equal(got.bitmask[:4], want) and torch.equal(got.bitmask[4], _tiny_row([a]))
     assert bool((got.bitmask[5:] == -1).all()) and got.valid_nodes == 5
+
+
+# -- sparse reset of the reused buffer (issue 17) ------------------------------------------------------------------
+def _batch(pick, broken_at=None):
+    """Rows of :func:`_setup`'s batch chosen by ``pick`` (None: an unconstrained row), the one at ``broken_at`` through
+    a grammar whose fill raises (it fails alone)."""
+    matchers, nxt, sib, tok = _setup()
+    reqs = []
+    for j, i in enumerate(pick):
+        if i is None:
+            reqs.append(MaskRequest(request_id=f"free{j}"))
+        elif j == broken_at:
+            reqs.append(MaskRequest(grammar=BrokenGrammar(matchers[i], 1), request_id=f"broken{j}"))
+        else:
+            reqs.append(MaskRequest(matcher=matchers[i], request_id=f"r{j}"))
+    rows = [0 if i is None else i for i in pick]
+    return reqs, nxt[rows], sib[rows], tok[rows]
+
+
+SEQUENCE = [  # (rows of _setup's batch, index of a failing row): grows, shrinks, frees rows, fails one
+    ([0, 1, 2], None),
+    ([None, 1, 2], None),
+    ([2, 0], None),
+    ([0, 1, 2], 1),
+    ([None, None, None], None),
+    ([1], None),
+    ([0, 1, 2, 0, 1], None),
+    ([None, 2, None, 0, None], 3),
+    ([0, 1, 2], None),
+]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_reused_buffer_equals_a_fresh_builders_after_every_build(strategy):
+    """One builder through builds of changing batches (rows freed, fewer and more rows, a failing request): every mask
+    equals a fresh builder's, so no row the sparse reset skipped keeps a word of an earlier build."""
+    builder = TreeMaskBuilder(strategy=strategy, threads=1)
+    for pick, broken in SEQUENCE:
+        got = builder.build(*_batch(pick, broken), VOCAB)
+        want = TreeMaskBuilder(strategy=strategy, threads=1).build(*_batch(pick, broken), VOCAB)
+        assert [i for i, _ in got.failed] == [i for i, _ in want.failed]
+        if want.bitmask is None:
+            assert got.bitmask is None
+        else:
+            assert torch.equal(got.bitmask, want.bitmask), (pick, broken)
+
+
+def test_only_the_rows_the_last_build_wrote_are_reset():
+    builder = TreeMaskBuilder(threads=1)
+    first = builder.build(*_batch([0, 1, 2]), VOCAB)
+    assert builder.reset_rows == 3 * N  # a new buffer: every row it hands out
+    written = int((first.bitmask != -1).any(dim=1).sum())
+    assert 3 <= written < 3 * N  # the roots and the valid nodes, not the padding and rejected nodes
+    builder.build(*_batch([0, 1, 2]), VOCAB)
+    assert builder.reset_rows == 3 * N + first.valid_nodes  # then the rows it filled, one per valid node
+    assert first.valid_nodes == written
+
+
+def test_a_build_that_raises_through_makes_the_next_reset_everything(monkeypatch):
+    """A build interrupted after writing rows (an exception the builder does not handle) leaves the buffer unknown:
+    the next build resets every row it uses and is exact again."""
+    builder = TreeMaskBuilder(threads=1)
+    builder.build(*_batch([0, 1, 2]), VOCAB)
+
+    def scribble_then_interrupt(self, requests, rows, nxt, sib, tok, n, vocab, mask, *args, **kwargs):
+        mask[:] = 0
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TreeMaskBuilder, "_lockstep", scribble_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        builder.build(*_batch([0, 1, 2]), VOCAB)
+    monkeypatch.undo()
+    got = builder.build(*_batch([None, 1]), VOCAB)
+    want = TreeMaskBuilder(threads=1).build(*_batch([None, 1]), VOCAB)
+    assert torch.equal(got.bitmask, want.bitmask)

@@ -16,8 +16,10 @@ EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar stay 
    :func:`accept_prefill_token`: replay what 3 fed (or feed it now), with SGLang's retained-run and abort semantics
    (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
 
-From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> ``accept_run`` -> ``GrammarStep.advance``
--> ``AcceptLedger.advance`` -> ``grammar.accept_token``, the tokens passed as arguments all the way.
+From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> ``accept_run`` -> ``advance_request``
+-> ``GrammarStep.advance`` -> ``AcceptLedger.advance`` -> the bare xgrammar matcher's ``accept_token`` (SGLang's
+``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or ``grammar.accept_token`` (other grammar objects),
+the tokens passed as arguments all the way; the barrier enters at ``advance_request``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
     accept_run,
+    advance_request,
     algorithm_name,
     innermost_grammar,
     is_xgrammar,
@@ -203,7 +206,7 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
             continue
         step.count("barrier_runs")
         for _, req, run in runs:
-            step.advance(str(req.rid), req.grammar, len(req.output_ids), run)
+            advance_request(step, req, len(req.output_ids), run)
     step.prune(live)
     return step.tokens_fed - fed_before
 

@@ -15,7 +15,9 @@ replaces the three pieces that are slow or not exactly-once there:
    and aborts (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
 
 From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` -> ``accept_run`` ->
-``GrammarStep.advance`` -> ``AcceptLedger.advance`` -> ``grammar.accept_token``, the tokens passed as arguments.
+``advance_request`` -> ``GrammarStep.advance`` -> ``AcceptLedger.advance`` -> the bare xgrammar matcher's
+``accept_token`` (SGLang's ``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or
+``grammar.accept_token`` (other grammar objects), the tokens passed as arguments.
 """
 
 from __future__ import annotations
