@@ -30,7 +30,8 @@ Native feed (``advance(..., matcher=m, on_feed=f)``): when the grammar object is
 ``accept_token`` and one ``is_terminated`` per token instead of the wrapper's extra termination check and Python
 frame -- and skips the check before the run when its own last run of that matcher left it not terminated (nothing
 else feeds a matcher the ledger owns; a re-anchor or a rebuilt grammar forgets that knowledge). The matcher is never
-asked to accept a token once terminated. After a fresh feed (never on a replay) it calls ``f(grammar, outcome)``, so
+asked to accept a token once the ledger knows it terminated; if something fed it to its end behind the ledger's back,
+the refused first token is found terminated (as through the wrapper), not reported as a rejection. After a fresh feed (never on a replay) it calls ``f(grammar, outcome)``, so
 the caller can record the run on the wrapper as the wrapper itself would have. The outcome is the same as through the
 wrapper, but for a rejection's message (the wrapper's exception text is not there to quote).
 """
@@ -216,6 +217,8 @@ def _feed_matcher(m: MatcherLike, live: bool, start: int, toks: Tuple[int, ...])
     retained: List[int] = []
     for tok in toks:
         if not m.accept_token(tok):
+            if not retained and m.is_terminated():  # terminated behind the ledger's back: as _feed, not a rejection
+                return AdvanceOutcome(start, toks, (), True, None)
             return AdvanceOutcome(start, toks, tuple(retained), False,
                                   f"grammar rejected token {tok} at output position {start + len(retained)}")
         retained.append(tok)

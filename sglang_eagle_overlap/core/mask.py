@@ -143,10 +143,13 @@ class TreeMaskBuilder:
         self.parallel_min_work_s = 2e-3
         self._fill_cost_s = 20e-6
         self._buf: Optional[torch.Tensor] = None
-        # Sparse reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler thread's
-        # grammar time at bs 64): rows [0, _clean_rows) hold all-allowed words except the rows in ``_dirty``, which the
-        # last build may have written; rows from ``_clean_rows`` on are unknown. ``_dirty`` is None while a build is in
-        # progress (a build that raised leaves it None: the next one resets everything it uses).
+        # Sparse, deferred reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler
+        # thread's grammar time at bs 64). Between builds, rows [0, _clean_rows) hold all-allowed words except the rows
+        # in ``_dirty``, which the last build wrote; rows from ``_clean_rows`` on are unknown. A build resets, when it
+        # ends, only the rows of ``_dirty`` it did not write itself: a fill overwrites a whole row, and the walk reads
+        # a row only after this build filled it (a node's children are checked against its row once it was filled),
+        # so a stale row is never read and never returned. ``_dirty`` is None while a build is in progress (a build
+        # that raised leaves it None: the next one resets every row it uses first).
         self._clean_rows = 0
         self._dirty: Optional[List[int]] = []
         self.allocations = 0  # observable: host bitmask buffer (re)allocations
@@ -157,10 +160,10 @@ class TreeMaskBuilder:
         self.native_cpu_s = 0.0
 
     # -- buffers -------------------------------------------------------------------------------------------------
-    def _bitmask(self, rows: int, width: int) -> torch.Tensor:
-        """The first ``rows`` rows of the reused host buffer, all-allowed. Only the rows the previous build wrote (and
-        rows never used before) are reset, not all of them. Call order: once per build, which then records what it
-        writes (``_dirty``) when it returns."""
+    def _bitmask(self, rows: int, width: int) -> Tuple[torch.Tensor, List[int]]:
+        """The first ``rows`` rows of the reused host buffer, and the rows of it the previous build wrote (stale).
+        Every other row is all-allowed: rows never handed out before are reset here. Call order: once per build, which
+        must then call :meth:`_settle` with the rows it wrote."""
         buf = self._buf
         if buf is None or buf.shape[0] < rows or buf.shape[1] != width:
             # Grow to the next power of two: a batch that grows step by step allocates (pinned: a slow, serialising
@@ -170,19 +173,28 @@ class TreeMaskBuilder:
             self.allocations += 1
             self._buf = buf
             self._clean_rows, self._dirty = 0, []
-        dirty = self._dirty
-        if dirty is None:  # the last build did not finish: nothing it used is known
-            self._clean_rows, dirty = 0, []
-        arr = buf.numpy()
-        if dirty:
-            arr[dirty] = -1
+        stale = self._dirty
+        if stale is None:  # the last build did not finish: nothing it used is known
+            self._clean_rows, stale = 0, []
         clean = self._clean_rows
         if rows > clean:
-            arr[clean:rows] = -1
+            buf.numpy()[clean:rows] = -1
             self._clean_rows = rows
-        self.reset_rows += len(dirty) + max(rows - clean, 0)
+            self.reset_rows += rows - clean
         self._dirty = None
-        return buf[:rows]
+        return buf[:rows], stale
+
+    def _settle(self, stale: List[int], written: List[int]) -> None:
+        """End of a build on the own buffer: reset the stale rows this build did not overwrite, remember the ones it
+        wrote for the next build."""
+        if stale:
+            done = set(written)
+            rest = [r for r in stale if r not in done]
+            if rest:
+                assert self._buf is not None
+                self._buf.numpy()[rest] = -1
+                self.reset_rows += len(rest)
+        self._dirty = written
 
     def _ensure_batch_matchers(self) -> Tuple[xgr.BatchGrammarMatcher, xgr.BatchGrammarMatcher]:
         """The (threaded, serial) fill matchers, created on first use; the same object when ``threads`` is 1."""
@@ -237,8 +249,9 @@ class TreeMaskBuilder:
                 raise ValueError(f"out must be int32 [>= {bs * n}, {width}], got {out.dtype} {tuple(out.shape)}")
             mask = out[: bs * n]
             _fill_all_allowed(mask)
+            stale: List[int] = []
         else:
-            mask = self._bitmask(bs * n, width)
+            mask, stale = self._bitmask(bs * n, width)
         written: List[int] = []  # rows this build may leave other than all-allowed (the sparse reset's next input)
         nxt = retrieve_next_token.tolist()
         sib = retrieve_next_sibling.tolist()
@@ -280,6 +293,8 @@ class TreeMaskBuilder:
                 generic = generic + native
         for i in generic:
             written.extend(range(i * n, (i + 1) * n))
+            if stale:  # a host grammar's fill need not overwrite its whole row: start it from all-allowed
+                _fill_all_allowed(mask[i * n : (i + 1) * n])
             try:
                 valid, done = _walk_request(requests[i], nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline,
                                             clock)
@@ -301,7 +316,7 @@ class TreeMaskBuilder:
                     "grammar-masked bonus token", requests[i].request_id or f"row {i}", (limit or 0) * 1e3,
                 )
         if out is None:
-            self._dirty = written
+            self._settle(stale, written)
         result.build_s = time.perf_counter() - t0
         return result
 
@@ -323,10 +338,14 @@ class TreeMaskBuilder:
         for i in rows:
             matcher = _native_matcher(requests[i])
             block = mask[i * n : (i + 1) * n]
+            # Every row of the block is written below (the caller counts them all as this build's: the deferred
+            # reset skips them), so the paths that fill only some rows start from all-allowed.
             if matcher.is_terminated():
+                _fill_all_allowed(block)
                 continue
             if oov_any is not None and oov_any[i]:
                 # Rare: fall back to the exact walk for this request.
+                _fill_all_allowed(block)
                 v, done = _walk_request(requests[i], nxt_t[i].tolist(), sib_t[i].tolist(),
                                         tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline,
                                         self.clock)

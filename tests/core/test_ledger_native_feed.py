@@ -115,3 +115,25 @@ def test_a_grammar_terminated_before_the_run_is_offered_nothing():
     out = AcceptLedger().advance("r", object(), len(doc), [doc[0]], matcher=m, on_feed=lambda g, o: fed.append(o))
     assert out.retained == () and out.terminated and out.error is None and m.accepts == 0
     assert fed == [out]
+
+
+def test_a_matcher_terminated_behind_the_ledgers_back_is_terminated_not_rejected():
+    """The live shortcut trusts the ledger's own last run; if something else fed the matcher to its end meanwhile,
+    the refused first token is found terminated (as the wrapper path would report it), not a rejection that aborts."""
+    doc = _doc()
+    raw = G.matcher("regex", VOCAB)
+    ledger = AcceptLedger()
+    ledger.advance("r", object(), 0, doc[:2], matcher=raw)
+    for t in doc[2:]:  # fed elsewhere, same positions not reported to the ledger
+        assert raw.accept_token(t)
+    assert raw.is_terminated()
+    out = ledger.advance("r", object(), 2, [doc[2]], matcher=raw)  # a rebuilt grammar object: checked first anyway
+    assert out.terminated and out.error is None
+    grammar = object()
+    ledger2 = AcceptLedger()
+    raw2 = G.matcher("regex", VOCAB)
+    ledger2.advance("s", grammar, 0, doc[:2], matcher=raw2)
+    for t in doc[2:]:
+        assert raw2.accept_token(t)
+    out2 = ledger2.advance("s", grammar, 2, [doc[2]], matcher=raw2)  # live shortcut taken: the refusal is examined
+    assert out2.retained == () and out2.terminated and out2.error is None

@@ -559,15 +559,19 @@ def test_reused_buffer_equals_a_fresh_builders_after_every_build(strategy):
             assert torch.equal(got.bitmask, want.bitmask), (pick, broken)
 
 
-def test_only_the_rows_the_last_build_wrote_are_reset():
+def test_only_stale_rows_this_build_did_not_overwrite_are_reset():
+    """The reset is sparse and deferred: a build resets, when it ends, the rows the previous build wrote that it did
+    not fill itself (a fill overwrites the whole row), and no other row."""
     builder = TreeMaskBuilder(threads=1)
     first = builder.build(*_batch([0, 1, 2]), VOCAB)
     assert builder.reset_rows == 3 * N  # a new buffer: every row it hands out
-    written = int((first.bitmask != -1).any(dim=1).sum())
-    assert 3 <= written < 3 * N  # the roots and the valid nodes, not the padding and rejected nodes
+    written = (first.bitmask != -1).any(dim=1)
+    assert first.valid_nodes == int(written.sum()) and 3 <= first.valid_nodes < 3 * N  # roots + valid nodes
     builder.build(*_batch([0, 1, 2]), VOCAB)
-    assert builder.reset_rows == 3 * N + first.valid_nodes  # then the rows it filled, one per valid node
-    assert first.valid_nodes == written
+    assert builder.reset_rows == 3 * N  # the same rows filled again: nothing to reset
+    got = builder.build(*_batch([None, 1, 2]), VOCAB)  # row 0's request is unconstrained now
+    assert builder.reset_rows == 3 * N + int(written[:N].sum())  # exactly its rows the first build wrote
+    assert bool((got.bitmask[:N] == -1).all())
 
 
 def test_a_build_that_raises_through_makes_the_next_reset_everything(monkeypatch):
@@ -587,3 +591,25 @@ def test_a_build_that_raises_through_makes_the_next_reset_everything(monkeypatch
     got = builder.build(*_batch([None, 1]), VOCAB)
     want = TreeMaskBuilder(threads=1).build(*_batch([None, 1]), VOCAB)
     assert torch.equal(got.bitmask, want.bitmask)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_reused_buffer_is_exact_when_a_request_terminated_or_has_out_of_vocabulary_drafts(strategy):
+    """The rows a terminated request (no row filled) or a request sent down the exact walk (out-of-vocabulary drafts)
+    leaves behind are all-allowed, though the same rows held masks in the previous build."""
+    import random as _random
+
+    builder = TreeMaskBuilder(strategy=strategy, threads=1)
+    builder.build(*_batch([0, 1, 2]), VOCAB)
+    matchers, nxt, sib, tok = _setup()
+    doc = list(G.doc_tokens("regex", _random.Random(9), VOCAB))
+    matchers[1] = G.matcher("regex", VOCAB, doc)  # terminated: ends with EOS
+    assert matchers[1].is_terminated()
+    oov = tok.clone()
+    oov[2, 1] = VOCAB + 5  # the main path's first node: its subtree, filled last build, is not reached
+    for toks in (tok, oov):
+        got = builder.build(_reqs(matchers), nxt, sib, toks, VOCAB)
+        want = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, toks, VOCAB)
+        assert torch.equal(got.bitmask, want.bitmask)
+        assert bool((got.bitmask[N : 2 * N] == -1).all())
+        builder.build(*_batch([0, 1, 2]), VOCAB)  # the next round starts from a full set of written rows again
