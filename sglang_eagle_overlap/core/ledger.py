@@ -31,9 +31,10 @@ Native feed (``advance(..., matcher=m, on_feed=f)``): when the grammar object is
 frame -- and skips the check before the run when its own last run of that matcher left it not terminated (nothing
 else feeds a matcher the ledger owns; a re-anchor or a rebuilt grammar forgets that knowledge). The matcher is never
 asked to accept a token once the ledger knows it terminated; if something fed it to its end behind the ledger's back,
-the refused first token is found terminated (as through the wrapper), not reported as a rejection. After a fresh feed (never on a replay) it calls ``f(grammar, outcome)``, so
-the caller can record the run on the wrapper as the wrapper itself would have. The outcome is the same as through the
-wrapper, but for a rejection's message (the wrapper's exception text is not there to quote).
+the refused first token is found terminated (as through the wrapper), not reported as a rejection. After a fresh feed
+(never on a replay) it calls ``f(grammar, outcome)``, so the caller can record the run on the wrapper as the wrapper
+itself would have. The outcome is the same as through the wrapper, but for a rejection's message (the wrapper's
+exception text is not there to quote).
 """
 
 from __future__ import annotations

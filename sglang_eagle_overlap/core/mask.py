@@ -153,7 +153,7 @@ class TreeMaskBuilder:
         self._clean_rows = 0
         self._dirty: Optional[List[int]] = []
         self.allocations = 0  # observable: host bitmask buffer (re)allocations
-        self.reset_rows = 0  # observable: rows set back to all-allowed before builds, since creation
+        self.reset_rows = 0  # observable: rows set back to all-allowed (new rows, stale rows not refilled) since creation
         self.timeouts = 0  # observable: requests that hit the time limit since creation
         # observable: CPU time of the calling thread inside GIL-free native calls (batched fills) since creation; a
         # grammar thread's CPU time minus this bounds the GIL time it took from the scheduler thread.
@@ -375,9 +375,9 @@ class TreeMaskBuilder:
     def _lockstep(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt: Sequence[Sequence[int]],
                   sib: Sequence[Sequence[int]], tok: Sequence[Sequence[int]], n: int, vocab_size: int,
                   mask: torch.Tensor, deadline: Optional[float], timed_out: List[int],
-                  forced: Optional[ForcedDrafts] = None, written: Optional[List[int]] = None) -> int:
+                  forced: Optional[ForcedDrafts], written: List[int]) -> int:
+        """The batched walk; every row it fills is appended to ``written`` (the deferred reset's input)."""
         threaded, serial = self._ensure_batch_matchers()
-        written = [] if written is None else written
         min_fills, min_work = self.parallel_min_fills, self.parallel_min_work_s
 
         def fill(matchers: List[xgr.GrammarMatcher], rows_: List[int]) -> None:

@@ -7,7 +7,6 @@ If SGLang's wrapper starts keeping other state, or stops being a matcher with tw
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
@@ -31,6 +30,17 @@ def _state(g):
             G.next_token_bitmask(g.matcher, VOCAB).tolist())
 
 
+def _req(grammar, output_ids):
+    """A real SGLang ``Req`` of the installed band that produced ``output_ids``, with ``grammar``."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req("r", "", [1, 2, 3], SamplingParams(max_new_tokens=4096))
+    req.output_ids.extend(output_ids)
+    req.grammar = grammar
+    return req
+
+
 def _doc():
     return list(G.doc_tokens("regex", random.Random(11), VOCAB))
 
@@ -49,7 +59,7 @@ def test_native_feed_leaves_sglangs_grammar_as_its_own_accept_would(case, monkey
             _sglang_loop(theirs, run)
     else:
         _sglang_loop(theirs, run)
-    req = SimpleNamespace(rid="r", grammar=ours, output_ids=list(doc[:at]), to_finish=None)
+    req = _req(ours, doc[:at])
     calls = []
     orig = type(ours).accept_token
     monkeypatch.setattr(type(ours), "accept_token", lambda self, t: (calls.append(t), orig(self, t))[1])
@@ -63,8 +73,7 @@ def test_native_feed_leaves_sglangs_grammar_as_its_own_accept_would(case, monkey
 def test_accept_run_keeps_the_rejected_requests_prefix_and_aborts_it():
     doc = _doc()
     bad = next(t for t in range(VOCAB) if t not in doc)
-    req = SimpleNamespace(rid="r", grammar=G.sglang_grammar("regex", VOCAB, doc[:2]), output_ids=list(doc[:2]),
-                          to_finish=None)
+    req = _req(G.sglang_grammar("regex", VOCAB, doc[:2]), doc[:2])
     kept = accept_run(GrammarStep(), req, 2, [doc[2], bad])
     assert kept == [doc[2]] and req.grammar.accepted_tokens == doc[:3] and req.grammar.current_token == bad
     assert req.to_finish is not None and "Grammar accept_token failed" in req.to_finish.message
