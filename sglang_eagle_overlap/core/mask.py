@@ -394,19 +394,24 @@ class TreeMaskBuilder:
                 for m, r in zip(matchers, rows_):
                     forced.record(m, r)
         mask_np = mask.numpy()
-        walkers: List[_Walker[xgr.GrammarMatcher]] = []
-        fill_matchers: List[xgr.GrammarMatcher] = []
-        fill_rows: List[int] = []
+        # Round 0: every root whose grammar is not terminated (a terminated one keeps its rows all-allowed).
+        roots: List[int] = []
+        root_matchers: List[xgr.GrammarMatcher] = []
         for i in rows:
             matcher = _native_matcher(requests[i])
-            if matcher.is_terminated():
-                continue
-            w = _Walker(matcher, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
-            walkers.append(w)
-            fill_matchers.append(matcher)
-            fill_rows.append(i * n)
+            if not matcher.is_terminated():
+                roots.append(i)
+                root_matchers.append(matcher)
+        if not roots:
+            return 0
+        fill(root_matchers, [i * n for i in roots])
+        # Only requests with a draft the root's row allows walk on (with drafts the grammar rejects -- a draft model
+        # that ignores the grammar, a random one -- most requests stop here, without a walker).
+        walkers = [_Walker(m, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
+                   for i, m in zip(roots, root_matchers)
+                   if _root_child_allowed(nxt[i], sib[i], tok[i], mask_np[i * n], vocab_size)]
         try:
-            return self._lockstep_rounds(walkers, fill, fill_matchers, fill_rows, deadline, timed_out, self.clock)
+            return len(roots) + self._lockstep_rounds(walkers, fill, deadline, timed_out, self.clock)
         except BaseException:
             for w in walkers:  # put every matcher back where it was; the caller rebuilds request by request
                 w.abandon()
@@ -415,13 +420,9 @@ class TreeMaskBuilder:
     @staticmethod
     def _lockstep_rounds(walkers: List[_Walker[xgr.GrammarMatcher]],
                          fill: Callable[[List[xgr.GrammarMatcher], List[int]], None],
-                         fill_matchers: List[xgr.GrammarMatcher], fill_rows: List[int], deadline: Optional[float],
-                         timed_out: List[int], clock: Callable[[], float]) -> int:
+                         deadline: Optional[float], timed_out: List[int], clock: Callable[[], float]) -> int:
+        """The rounds after the roots': each walker moves to its next node to fill, then one batched fill for all."""
         valid = 0
-        # Round 0: every root.
-        if fill_matchers:
-            fill(fill_matchers, fill_rows)
-            valid += len(fill_matchers)
         active = walkers
         while active:
             if deadline is not None and clock() > deadline:
@@ -443,6 +444,19 @@ class TreeMaskBuilder:
                 valid += len(fill_matchers)
             active = still
         return valid
+
+
+def _root_child_allowed(nxt: Sequence[int], sib: Sequence[int], tok: Sequence[int], root_row: npt.NDArray[np.int32],
+                        vocab: int) -> bool:
+    """Whether the root of one request's tree has a child whose draft token is in the vocabulary and allowed by the
+    root's (filled) row: the first thing :meth:`_Walker.step` would find out, without building the walker."""
+    child = nxt[0]
+    while child >= 0:
+        t = tok[child]
+        if 0 <= t < vocab and (int(root_row[t >> 5]) >> (t & 31)) & 1:
+            return True
+        child = sib[child]
+    return False
 
 
 def _native_matcher(req: MaskRequest) -> xgr.GrammarMatcher:

@@ -41,17 +41,10 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
-from sglang_eagle_overlap.core.ledger import (
-    AcceptLedger,
-    AdvanceOutcome,
-    GrammarLike,
-    LedgerConflictError,
-    LedgerGapError,
-    MatcherLike,
-)
+from sglang_eagle_overlap.core.ledger import AcceptLedger, AdvanceOutcome, GrammarLike, LedgerError, MatcherLike, Run
 from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
 from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
@@ -203,6 +196,15 @@ class GrammarStep:
         """Tokens fed to grammars through the ledger since start (replays feed nothing)."""
         return self.ledger.tokens_fed
 
+    def replay(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[AdvanceOutcome]:
+        """The recorded outcome of ``key``'s run at ``start`` if it was fed with these same ``tokens`` (counted as a
+        replay), else None: then :meth:`advance_many` decides (a fresh run, or a conflict it re-anchors)."""
+        past = self.ledger.outcome(key, start)
+        if past is None or past.tokens != tuple(map(int, tokens)):
+            return None
+        self.stats.count("replays")
+        return past
+
     def was_advanced(self, key: Hashable, start: int) -> bool:
         """True if the run of ``key`` at output position ``start`` was already fed (a later ask is a replay)."""
         return self.ledger.outcome(key, start) is not None
@@ -213,19 +215,34 @@ class GrammarStep:
                 on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> AdvanceOutcome:
         """Feed ``tokens`` (committed at output position ``start``) to ``grammar`` exactly once (through ``matcher``,
         the native matcher inside it, when given; ``on_feed(grammar, outcome)`` after a fresh feed:
-        ``AcceptLedger``, "Native feed").
+        ``AcceptLedger``, "Native feed"). :meth:`advance_many` with one run."""
+        return self.advance_many(((key, grammar, start, tokens, matcher),), on_feed)[0]
 
-        If the ledger and the host disagree about the position (the host rolled or rebuilt the matcher behind the
-        ledger's back), the entry is re-anchored at the host's position, counted and logged, instead of raising into
-        the host's scheduler loop."""
-        try:
-            return self.ledger.advance(key, grammar, start, tokens, matcher, on_feed)
-        except (LedgerGapError, LedgerConflictError) as exc:
-            logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
-                           key, start, exc)
-            self.stats.count("ledger_resets")
-            self.ledger.reset(key, start)
-            return self.ledger.advance(key, grammar, start, tokens, matcher, on_feed)
+    def advance_many(self, runs: Sequence[Run], on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None,
+                     *, count_replays: bool = False) -> List[AdvanceOutcome]:
+        """:meth:`advance` for every ``(key, grammar, start, tokens, matcher)`` of a batch in one call
+        (``AcceptLedger.advance_many``), one outcome per run in order. ``count_replays``: count the runs answered
+        from the ledger's history as ``replays`` (post-processing asks; a barrier's second ask is not one).
+
+        If the ledger and the host disagree about a run's position (the host rolled or rebuilt the matcher behind the
+        ledger's back), that entry is re-anchored at the host's position, counted and logged, instead of raising into
+        the host's scheduler loop; the other runs are not affected."""
+        ledger = self.ledger
+        replays = ledger.replays
+        results = ledger.advance_many(runs, on_feed)
+        out: List[AdvanceOutcome] = []
+        for run, result in zip(runs, results):
+            if isinstance(result, LedgerError):
+                key, grammar, start, tokens, matcher = run
+                logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
+                               key, start, result)
+                self.stats.count("ledger_resets")
+                ledger.reset(key, start)
+                result = ledger.advance(key, grammar, start, tokens, matcher, on_feed)
+            out.append(result)
+        if count_replays and ledger.replays != replays:
+            self.stats.count("replays", ledger.replays - replays)
+        return out
 
     def prune(self, live: Collection[Hashable], finished: Sequence[Hashable] = ()) -> None:
         """Keep the ledger bounded: drop ``finished`` requests, and all not ``live`` once it outgrows the batch."""

@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-from sglang_eagle_overlap.core.ledger import AdvanceOutcome
+from sglang_eagle_overlap.core.ledger import AdvanceOutcome, Run
 from sglang_eagle_overlap.core.mask import MaskRequest
 from sglang_eagle_overlap.core.step import GrammarStep, StepMask
 
 __all__ = [
     "abort_mask_failed",
     "accept_run",
+    "accept_runs",
     "advance_request",
+    "advance_requests",
     "algorithm_name",
     "committed_runs",
     "finish_with_error",
@@ -34,6 +36,7 @@ __all__ = [
     "mask_requests",
     "output_stride",
     "record_on_xgrammar",
+    "RequestRun",
     "result_runs",
     "settle_mask",
 ]
@@ -115,23 +118,51 @@ def record_on_xgrammar(grammar: Any, outcome: AdvanceOutcome) -> None:
     grammar.accepted_tokens.extend(kept)
 
 
+# One committed run of a request: (req, output position of its first token, tokens).
+RequestRun = Tuple[Any, int, Sequence[int]]
+
+
+def _ledger_runs(rows: Sequence[RequestRun]) -> List[Run]:
+    """The ledger's runs for ``rows``: keyed by request id, through the bare xgrammar matcher when the grammar is
+    SGLang's ``XGrammarGrammar`` itself (``AcceptLedger``, "Native feed": fewer native calls, no wrapper frame; the
+    wrapper's own record is kept by :func:`record_on_xgrammar`), else through the grammar object."""
+    runs: List[Run] = []
+    for req, start, tokens in rows:
+        grammar = req.grammar
+        runs.append((str(req.rid), grammar, start, tokens, grammar.matcher if is_xgrammar(grammar) else None))
+    return runs
+
+
+def advance_requests(step: GrammarStep, rows: Sequence[RequestRun]) -> List[AdvanceOutcome]:
+    """``step.advance`` of every row's run in one ledger call (a barrier: feeds, aborts nothing -- post-processing
+    replays the outcomes and aborts there). One outcome per row, in order."""
+    return step.advance_many(_ledger_runs(rows), record_on_xgrammar)
+
+
 def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
-    """``step.advance`` of ``req``'s run, through the bare xgrammar matcher when its grammar is SGLang's
-    ``XGrammarGrammar`` itself (``AcceptLedger``, "Native feed": fewer native calls, no wrapper frame; the wrapper's
-    own record kept by :func:`record_on_xgrammar`), else through the grammar object."""
-    grammar = req.grammar
-    if is_xgrammar(grammar):
-        return step.advance(str(req.rid), grammar, start, tokens, grammar.matcher, record_on_xgrammar)
-    return step.advance(str(req.rid), grammar, start, tokens)
+    """:func:`advance_requests` of one run."""
+    return advance_requests(step, ((req, start, tokens),))[0]
+
+
+def accept_runs(step: GrammarStep, rows: Sequence[RequestRun]) -> List[List[int]]:
+    """Feed every row's run (``tokens`` that ``req`` committed at output position ``start``) to its grammar, exactly
+    once (replayed, and counted as ``replays``, if the verify barrier fed it already), and return the run each request
+    keeps (module docstring), in order. A rejected token aborts that request alone."""
+    outcomes = step.advance_many(_ledger_runs(rows), record_on_xgrammar, count_replays=True)
+    return [_kept(step, req, tokens, outcome) for (req, _, tokens), outcome in zip(rows, outcomes)]
 
 
 def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
-    """Feed the run ``tokens`` that ``req`` committed at output position ``start`` to its grammar, exactly once
-    (replayed if the verify barrier fed it already), and return the run the request keeps (module docstring)."""
-    rid = str(req.rid)
-    if step.was_advanced(rid, start):
-        step.count("replays")
-    outcome: AdvanceOutcome = advance_request(step, req, start, tokens)
+    """:func:`accept_runs` of one run; a run the barrier already fed is answered from the ledger directly
+    (``GrammarStep.replay``: post-processing asks once per request, and that is the common case)."""
+    outcome = step.replay(str(req.rid), start, tokens)
+    if outcome is None:
+        return accept_runs(step, ((req, start, tokens),))[0]
+    return _kept(step, req, tokens, outcome)
+
+
+def _kept(step: GrammarStep, req: Any, tokens: Sequence[int], outcome: AdvanceOutcome) -> List[int]:
+    """The run ``req`` keeps from ``outcome`` (module docstring); a rejection aborts ``req`` (once, counted)."""
     if outcome.error is not None:
         if finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {outcome.error}"):
             logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens),

@@ -613,3 +613,36 @@ def test_reused_buffer_is_exact_when_a_request_terminated_or_has_out_of_vocabula
         assert torch.equal(got.bitmask, want.bitmask)
         assert bool((got.bitmask[N : 2 * N] == -1).all())
         builder.build(*_batch([0, 1, 2]), VOCAB)  # the next round starts from a full set of written rows again
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_root_check_is_the_walkers_first_step(seed):
+    """The lockstep walk builds a walker only for requests whose root has a child the root's row allows
+    (``_root_child_allowed``); that check must say exactly what the walker's first step finds, for any tree: a child
+    in or out of the vocabulary, allowed or not, first child or a later sibling, or no child at all."""
+    import random
+
+    rng = random.Random(seed)
+    doc = list(G.doc_tokens("nested", rng, VOCAB))
+    seen = set()
+    for trial in range(60):
+        at = rng.randrange(len(doc) - 1)
+        m = G.matcher("nested", VOCAB, doc[:at])
+        row = G.next_token_bitmask(m, VOCAB).reshape(1, -1).clone()
+        n = rng.randint(1, 6)
+        # A root with k children (a sibling chain), each a valid, a rejected or an out-of-vocabulary token.
+        k = rng.randint(0, n - 1)
+        nxt, sib = [-1] * n, [-1] * n
+        if k:
+            nxt[0] = 1
+            for c in range(1, k):
+                sib[c] = c + 1
+        tok = [doc[at]] + [rng.choice([doc[at], rng.randrange(VOCAB), -1, VOCAB + 3]) for _ in range(n - 1)]
+        mask_np = row.expand(n, -1).contiguous().numpy()
+        walker = mask_mod._Walker(m, nxt, sib, tok, 0, VOCAB, mask_np, 0)
+        first = walker.step()
+        walker.abandon()
+        allowed = mask_mod._root_child_allowed(nxt, sib, tok, mask_np[0], VOCAB)
+        assert allowed == (first >= 0), (nxt, sib, tok)
+        seen.add(allowed)
+    assert seen == {True, False}

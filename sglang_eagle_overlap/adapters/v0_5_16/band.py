@@ -16,10 +16,11 @@ EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar stay 
    :func:`accept_prefill_token`: replay what 3 fed (or feed it now), with SGLang's retained-run and abort semantics
    (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
 
-From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> ``accept_run`` -> ``advance_request``
--> ``GrammarStep.advance`` -> ``AcceptLedger.advance`` -> the bare xgrammar matcher's ``accept_token`` (SGLang's
-``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or ``grammar.accept_token`` (other grammar objects),
-the tokens passed as arguments all the way; the barrier enters at ``advance_request``.
+From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> ``accept_run`` -> ``accept_runs`` (one
+run) -> ``GrammarStep.advance_many`` -> ``AcceptLedger.advance_many`` -> the bare xgrammar matcher's ``accept_token``
+(SGLang's ``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or ``grammar.accept_token`` (other grammar
+objects), the tokens passed as arguments all the way; the barrier enters at ``advance_requests`` (a whole result in
+one ledger call).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
     accept_run,
-    advance_request,
+    advance_requests,
     algorithm_name,
     innermost_grammar,
     is_xgrammar,
@@ -205,8 +206,7 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
         if runs is None:
             continue
         step.count("barrier_runs")
-        for _, req, run in runs:
-            advance_request(step, req, len(req.output_ids), run)
+        advance_requests(step, [(req, len(req.output_ids), run) for _, req, run in runs])
     step.prune(live)
     return step.tokens_fed - fed_before
 

@@ -12,10 +12,10 @@ replaces the three pieces that are slow or not exactly-once there:
    native xgrammar tree mask instead of the per-node Python DFS, failed requests aborted alone.
 3. ``SchedulerBatchResultProcessor.advance_grammar_fsm`` -> :func:`advance_grammar_fsm`: every run through the ledger
    (exactly once per request id and output position, whichever caller comes first), SGLang's gating, retained runs
-   and aborts (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
+   and aborts (:func:`~sglang_eagle_overlap.integration.requests.accept_runs`).
 
-From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` -> ``accept_run`` ->
-``advance_request`` -> ``GrammarStep.advance`` -> ``AcceptLedger.advance`` -> the bare xgrammar matcher's
+From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` -> ``accept_runs`` (the whole
+batch) -> ``GrammarStep.advance_many`` -> ``AcceptLedger.advance_many`` -> the bare xgrammar matcher's
 ``accept_token`` (SGLang's ``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or
 ``grammar.accept_token`` (other grammar objects), the tokens passed as arguments.
 """
@@ -31,7 +31,7 @@ from torch.types import Device
 from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration import drafts, runtime
-from sglang_eagle_overlap.integration.requests import accept_run, mask_requests, result_runs, settle_mask
+from sglang_eagle_overlap.integration.requests import accept_runs, mask_requests, result_runs, settle_mask
 from sglang_eagle_overlap.integration.runtime import Runtime
 
 __all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "after_sample", "before_verify",
@@ -189,11 +189,12 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     if runs is None:
         return
     finished = [str(r.rid) for r in batch.reqs if r.grammar is not None and r.finished()]  # before the runs are fed
-    live = set()
+    rows = list(runs)
+    kept = accept_runs(rt.step, [(req, len(req.output_ids), run) for _, req, run in rows])
     retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
-    for i, req, run in runs:
-        live.add(str(req.rid))
-        retained[i] = accept_run(rt.step, req, len(req.output_ids), run)
+    for (i, _, _), run in zip(rows, kept):
+        retained[i] = run
+    live = {str(req.rid) for _, req, _ in rows}
     if is_decode:
         result.grammar_retained_tokens = retained
     result.grammar_advanced = True
