@@ -6,14 +6,16 @@ scheduler-thread side on the real engine (CPU runtime), with the 128k-vocabulary
 pair (accept ~1: every step pays the full tree mask), for EAGLE3 topk 1 (3 steps / 4 tokens) and topk 4 (3 steps /
 8 tokens) at bs 1 / 8 / 32 / 64. Reported side by side, from one run:
 
-* (a) SGLang's own scheduler-thread time per *unconstrained* decode step: step wall minus the model forward (on a
-  CPU engine the forward -- the GPU's work on a GPU -- runs synchronously on the scheduler thread, so it is timed
-  and taken out; ``ModelRunner.forward``, draft and target);
+* (a) SGLang's own scheduler-thread time per *unconstrained* decode step: step wall minus device work (on a CPU engine
+  the GPU's work runs synchronously on the scheduler thread, so it is timed and taken out: ``ModelRunner.forward``,
+  draft and target, and every other tensor op beyond its dispatch, ``step_times.TensorOpTimer``) and minus the
+  probe's own cost. The engines run with jemalloc (``use_allocator``), so that freeing a large host tensor costs what
+  a GPU's caching allocator costs, not an ``munmap``;
 * (b) the extra scheduler-thread time of a *constrained* step with the plugin: the time the scheduler thread spends
   inside grammar calls (SGLang's grammar entry points and the plugin's, nested counted once: with the grammar thread
   this is the hand-off, the join wait and the upload) plus the GIL time the plugin's grammar thread can have taken
   from it (its CPU time outside GIL-free native fills, from the plugin's stats: an upper bound);
-* (b') a cross-check that needs no attribution: constrained (step - forward) minus unconstrained (step - forward),
+* (b') a cross-check that needs no attribution: constrained (step - device) minus unconstrained (step - device),
   i.e. everything extra a constrained step costs the scheduler thread, SGLang's own grammar bookkeeping included.
 
 Paths compared in the same run: ``inline`` (grammar work on the scheduler thread after the verify launch, as before
@@ -22,8 +24,9 @@ launch, joined before sampling: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1``). Each
 thread, repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
 rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
 thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19); ``inline-forced``
-is the inline path with them switched on. ``--before REV`` adds the path ``before``: the plugin as git revision REV of
-this checkout had it, with that revision's defaults, in an engine started from a child interpreter whose
+is the inline path with them switched on; ``stock`` is SGLang without the plugin. ``--before REV`` adds the path
+``before``: the plugin as git revision REV of this checkout had it, with that revision's defaults (``--before-forced``
+overrides its forced-drafts switch), in an engine started from a child interpreter whose
 ``PYTHONPATH`` puts REV's package (``package_at``: ``git archive``) first -- so a change is compared with the code it
 replaces in one run, same harness, same tokens checked; the criterion column then reads ``inline`` (the new default)
 against it::
@@ -62,30 +65,63 @@ SPECS = ("topk1", "topk4")
 BATCHES = (1, 8, 32, 64)
 PATHS = ("inline", "thread")
 # ``thread-noforced``: the grammar thread with grammar-forced drafts off (issue 19), i.e. the verify step before them;
-# ``inline-forced``: the inline path with forced drafts switched on; ``before``: the plugin of the git revision
-# ``--before`` names, with that revision's defaults (its engine in a child process that imports that revision's
-# package), so that a change is measured against the code it replaces in the same run
-ALL_PATHS = ("before", "inline", "inline-forced", "thread-noforced", "thread")
+# ``inline-forced``: the inline path with forced drafts switched on; ``stock``: SGLang without the plugin
+# (``SGLANG_EAGLE_OVERLAP=0``: 0.5.16 takes every grammar decode batch out of the overlap); ``before``: the plugin of the
+# git revision ``--before`` names, with that revision's defaults (its engine in a child process that imports that
+# revision's package), so that a change is measured against the code it replaces in the same run
+ALL_PATHS = ("before", "inline", "inline-forced", "thread-noforced", "thread", "stock")
 VOCAB = 128256
 PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_wait_s", "helper_gil_s",
                "mask_timeouts")
 
 
 # -- pure helpers (tests/benchmarks/test_bench_scheduler_budget.py) --------------------------------------------------
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"  # Debian's libjemalloc2
+
+
+def use_allocator(name: str, path: str = JEMALLOC) -> None:
+    """Give every engine process started from here on (they inherit the environment) the host allocator ``name``.
+
+    ``jemalloc`` (the default) with page decay off: freed memory stays mapped and is reused, as a GPU's caching
+    allocator reuses device memory. With glibc's allocator every tensor above 32 MB is a fresh ``mmap``, page-faulted
+    on first write and ``munmap``ed on free: freeing one ``256 x 128k`` float logits tensor costs the scheduler thread
+    ~10 ms here, outside any tensor op, so the CPU engine's (a) grew with batch x tree x vocabulary (to ~50 ms at
+    topk 4 bs 64) with work a GPU host never does. ``system`` keeps glibc's (the earlier results)."""
+    if name == "system":
+        return
+    if not os.path.exists(path):
+        raise SystemExit(f"--allocator jemalloc needs {path} (Debian: apt-get install libjemalloc2); or pass "
+                         "--allocator system")
+    os.environ["LD_PRELOAD"] = path
+    os.environ["MALLOC_CONF"] = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
 def cell_summary(steps: Sequence[Sequence[float]], bs: int) -> Dict[str, Any]:
-    """Medians over the step records ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms]`` that held all
-    ``bs`` requests: step, forward, scheduler-thread CPU (step - forward) and the scheduler thread's grammar-call
-    time."""
+    """Medians over the step records ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms,
+    tensor_ops, probe_ms]`` (``step_times``) that held all ``bs`` requests: step, forward, device work (forward + the
+    device share of the other tensor ops; records without it count the forward alone), the scheduler thread's CPU
+    (step - device - the probe's own cost), its grammar-call time and, with the device split, ``run_batch``'s CPU
+    (run_batch - device - probe: nearly all of the probe's calls are in it)."""
     full = [s for s in steps if int(s[3]) == bs and len(s) >= 6]
     if not full:
         return {"n": 0}
-    return {
+    split = all(len(s) >= 9 for s in full)
+    off = [s[6] + s[8] if split else s[5] for s in full]  # what is not the scheduler thread's own CPU work
+    out = {
         "n": len(full),
         "step_ms": statistics.median(s[0] for s in full),
         "forward_ms": statistics.median(s[5] for s in full),
-        "cpu_ms": statistics.median(s[0] - s[5] for s in full),
+        "cpu_ms": statistics.median(s[0] - o for s, o in zip(full, off)),
         "grammar_ms": statistics.median(s[1] for s in full),
     }
+    if split:
+        out["device_ms"] = statistics.median(s[6] for s in full)
+        out["tensor_ops"] = statistics.median(s[7] for s in full)
+        out["probe_ms"] = statistics.median(s[8] for s in full)
+        # SGLang's run_batch without its device work: what the GPU host's run_batch costs its CPU (the step model's
+        # calibration quantity)
+        out["run_cpu_ms"] = statistics.median(s[2] - o for s, o in zip(full, off))
+    return out
 
 
 def plugin_per_step(d: Dict[str, float]) -> Optional[Dict[str, float]]:
@@ -124,18 +160,21 @@ def markdown(result: Dict[str, Any]) -> str:
         f"(shared, noisy). Random model pair, vocab {VOCAB} (byte-level BPE built locally), EAGLE3, overlap on, "
         f"`BENCH_SCHEMA` with `constrained_json_disable_any_whitespace`, greedy, max_new_tokens "
         f"{result['max_new_tokens']}, {result['rounds']} rounds per kind per batch size per engine after a warm-up, "
-        f"{result['repeats']} engine(s) per path. Medians over full-batch steps, except `(b) mean`.",
+        f"{result['repeats']} engine(s) per path, host allocator {result.get('allocator', 'system')}. Medians over "
+        f"full-batch steps, except `(b) mean`.",
         "",
-        "(a) = SGLang's own scheduler-thread ms per unconstrained step (step - forward). (b) = extra scheduler-thread "
+        "(a) = SGLang's own scheduler-thread ms per unconstrained step (step - device work - the probe's own cost: the "
+        "model forward plus the device share of every other tensor op, when the records carry it; else step - forward). "
+        "`device` = that device work per step. (b) = extra scheduler-thread "
         "ms per constrained step: grammar calls on the scheduler thread + the grammar thread's GIL bound. `(b) mean` = "
         "the same from the plugin's stats, averaged over every grammar verify step (the slow xgrammar states of "
         "`BENCH_SCHEMA` are in the mean, not in the median). (b') = "
-        "constrained (step - forward) - (a): everything extra, no attribution (noisier). `join` = wait for the grammar "
+        "constrained (step - device) - (a): everything extra, no attribution (noisier). `join` = wait for the grammar "
         "thread; `gil` = its CPU time outside native fills; `work` = advance + tree wait + mask wherever it ran. "
         "`b new/old` is the issue's criterion (<= 1/3 at bs 64): inline against `before` (the revision `--before` "
         "names) when it ran, else thread against inline.",
         "",
-        "| EAGLE3 | bs | path | steps | step ms (unc / json) | forward ms (unc / json) | (a) ms | (b) ms | (b) mean ms "
+        "| EAGLE3 | bs | path | steps | step ms (unc / json) | device ms (unc / json) | (a) ms | (b) ms | (b) mean ms "
         "| (b') ms | grammar calls ms | join ms | gil ms | work ms | accept | b new/old |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -154,7 +193,8 @@ def markdown(result: Dict[str, Any]) -> str:
             lines.append(
                 f"| {row['spec']} | {row['bs']} | {path} | {u.get('n', 0)}/{j.get('n', 0)} | "
                 f"{f(u.get('step_ms'), '{:.1f}')} / {f(j.get('step_ms'), '{:.1f}')} | "
-                f"{f(u.get('forward_ms'), '{:.1f}')} / {f(j.get('forward_ms'), '{:.1f}')} | {f(b['a_ms'])} | "
+                f"{f(u.get('device_ms', u.get('forward_ms')), '{:.1f}')} / "
+                f"{f(j.get('device_ms', j.get('forward_ms')), '{:.1f}')} | {f(b['a_ms'])} | "
                 f"{f(b['b_ms'])} | {f(b.get('b_mean_ms'))} | {f(b['b_cross_ms'])} | {f(j.get('grammar_ms'))} | {f(p.get('join_wait_ms'))} | "
                 f"{f(p.get('helper_gil_ms'))} | {f(work)} | {c['accept_length']:.2f} | "
                 f"{f(ratio, '{:.2f}×') if ratio is not None else ''} |"
@@ -192,9 +232,12 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
     threaded = path.startswith("thread")
     forced = {"thread-noforced": False, "inline-forced": True}.get(path)
+    if path == "before":  # the revision's default unless --before-forced says otherwise
+        forced = {"on": True, "off": False}.get(getattr(args, "before_forced", None) or "")
     # the switches go through EngineConfig: the CPU runtime sets them for the scheduler and clears what it does not set
     # (``before``: unset, the revision's own defaults)
-    cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=True, vocab_size=VOCAB,
+    stock = path == "stock"
+    cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=not stock, vocab_size=VOCAB,
                        forced_drafts=forced, grammar_thread=threaded,
                        max_running_requests=max(args.batches),
                        extra=(("constrained_json_disable_any_whitespace", True), ("disable_radix_cache", True)))
@@ -222,10 +265,16 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
                         cell["verify"] += sum(o["meta_info"].get("spec_verify_ct") or 0 for o in outs)
             cell["plugin"] = p_tot
             out["cells"][str(bs)] = cell
-        errors = read_step_times(step_file).get("errors") or []
+        probe = read_step_times(step_file)
+        # the probe's per-op dispatch cost (the CPU share of a tensor op) and its own per-call cost
+        out["dispatch_us"], out["probe_overhead_us"] = probe.get("dispatch_us"), probe.get("probe_overhead_us")
+        errors = probe.get("errors") or []
         problems += [f"{tag}: {e}" for e in errors]
         st = read_stats(plugin_file)
-        if not st.get("active") or bool(st.get("grammar_thread")) != threaded:
+        if stock:
+            if st.get("active"):
+                problems.append(f"{tag}: the plugin ran in the stock engine")
+        elif not st.get("active") or bool(st.get("grammar_thread")) != threaded:
             problems.append(f"{tag}: plugin active={st.get('active')!r} grammar_thread={st.get('grammar_thread')!r}")
     finally:
         engine.shutdown()
@@ -241,7 +290,7 @@ def engine_in_child(spec: str, rep: int, args: argparse.Namespace, tmp: str, pac
 
     out_file = os.path.join(tmp, f"child-{spec}-{rep}.json")
     job = {"spec": spec, "rep": rep, "tmp": tmp, "out": out_file, "batches": args.batches, "rounds": args.rounds,
-           "max_new_tokens": args.max_new_tokens}
+           "max_new_tokens": args.max_new_tokens, "before_forced": args.before_forced}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_dir] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], env=env, check=True)
@@ -256,7 +305,8 @@ def child(job_json: str) -> int:
 
     job = json.loads(job_json)
     print(f"[budget] child: sglang_eagle_overlap from {Path(sglang_eagle_overlap.__file__).parent}", flush=True)
-    args = argparse.Namespace(batches=job["batches"], rounds=job["rounds"], max_new_tokens=job["max_new_tokens"])
+    args = argparse.Namespace(batches=job["batches"], rounds=job["rounds"], max_new_tokens=job["max_new_tokens"],
+                              before_forced=job.get("before_forced"))
     problems: List[str] = []
     run = one_engine(job["spec"], "before", job["rep"], args, job["tmp"], problems)
     run["package"] = str(Path(sglang_eagle_overlap.__file__).parent)
@@ -328,10 +378,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--before", default=None, metavar="REV",
                     help="also run the plugin of git revision REV (path `before`, first in each alternation) with its "
                          "own defaults; the criterion column then compares `inline` against it")
+    ap.add_argument("--before-forced", choices=("on", "off"), default=None,
+                    help="grammar-forced drafts in the `before` engine (default: the revision's own default); e.g. "
+                         "`off` for the code the GPU table's inline column measured (a4e4bca with forced drafts off)")
+    ap.add_argument("--allocator", choices=("jemalloc", "system"), default="jemalloc",
+                    help="host allocator of the engines (default jemalloc: see use_allocator)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
         return child(args.child)
+    if args.render is None:
+        use_allocator(args.allocator)
     if args.render is not None:
         return render(args.render)
     paths = [p for p in args.paths.split(",") if p]
@@ -363,8 +420,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "command": " ".join(["flock /tmp/sglang-engine.lock",
                              f".venvs/{Path(sys.executable).parent.parent.name}/bin/python",
                              "benchmarks/bench_scheduler_budget.py", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": _machine(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-        "repeats": args.repeats, "before": args.before, "rows": aggregate(runs, args.batches),
+        "machine": _machine(), "allocator": args.allocator, "max_new_tokens": args.max_new_tokens,
+        "rounds": args.rounds,
+        "repeats": args.repeats, "before": args.before, "before_forced": args.before_forced,
+        "rows": aggregate(runs, args.batches),
         "identical": identical_outputs(runs),
         "problems": problems,
         "runs": [{k: v for k, v in r.items() if k != "cells"} | {"cells": {

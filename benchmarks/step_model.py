@@ -1,30 +1,40 @@
-"""A mechanistic model of the constrained EAGLE decode step on a GPU, with ONE calibrated constant (issue 17).
+"""A mechanistic model of the overlapped, constrained EAGLE decode step on a GPU, with ONE calibrated constant
+(issue 17).
 
-In steady state an overlapped step lasts as long as its slowest resource::
+In steady state an overlapped step lasts as long as its slower side::
 
-    step(c) = max( G(c),                     # GPU work: the measured unconstrained step of cell c (GPU table)
-                   k * (a(c) + b(c)),        # scheduler thread: SGLang's own CPU work + the grammar's share of it
-                   k * w(c) )                # grammar thread (new path): its whole chain, which must end by sampling
+    step(c) = max( G(c),               # GPU work: the measured unconstrained step of cell c (H200, 2026-11-24)
+                   k * (a(c) + b(c)) ) # scheduler thread: SGLang's own CPU work + the grammar's, this machine's ms x k
 
-* ``G`` comes from the measured GPU table (``benchmarks/data/gpu_h200_0.5.16.json``): unconstrained decoding is
-  GPU-bound there, so its step time *is* the GPU work of the cell.
-* ``a``, ``b``, ``w`` are this machine's scheduler-thread measurements (``bench_scheduler_budget.py``, same SGLang
-  band): (a) SGLang's own scheduler-thread ms per unconstrained step, (b) the constrained step's extra
-  scheduler-thread ms for the path (inline: all of the grammar work; grammar thread: hand-off + join wait + upload +
-  its GIL time), ``w`` the grammar thread's work (advance + tree wait + mask; 0 for the inline path, whose work is in
-  ``b``).
+* ``G``: the median unconstrained decode step of the cell, measured on the H200 by ``bench_gpu_constrained.py``
+  (``benchmarks/results/gpu_constrained_cuda_0.5.16_h200_*.json``, the scheduler-timed step records).
+* ``a``, ``b``: this machine's scheduler-thread ms per step for the same cell and SGLang band
+  (``bench_scheduler_budget.py``): (a) SGLang's own CPU work of an unconstrained step -- step minus device work, the
+  model forward and the device share of every other tensor op, so what remains is what a GPU host's scheduler thread
+  also runs --, (b) the extra of a constrained step for one plugin revision (its grammar calls).
 * ``k`` -- the only fitted number -- is the GPU host's CPU time per unit of this machine's. It is fitted on ONE cell
-  (default topk 1, bs 64, where the measured plugin step is CPU-bound: ``k = plugin(c0) / (a + b_inline)(c0)``); every
-  other cell of the measured plugin column is then predicted out of sample and its error reported. The same ``k``
-  predicts the grammar-thread path, for which no GPU measurement exists yet: those numbers are PREDICTIONS.
+  from a quantity both machines measured the same way: the CPU time of SGLang's own ``run_batch`` in an
+  unconstrained step (launches and their Python; on the GPU host ``run_batch`` does not wait for the device in an
+  overlapped EAGLE v2 step, here its device work is taken out): ``k = R_gpu(c0) / r_here(c0)``.
 
-What the one constant cannot hold (said next to the numbers): fill threads (8 on the GPU host, 1 here) speed up only
-the fill share of the grammar work; the GPU host runs SGLang 0.5.16 with CUDA graphs, so its per-step launch work
-is smaller relative to this machine's eager CPU forward bookkeeping.
+Checked out of sample, with the errors printed next to the predictions:
 
-Run::
+1. ``k x r_here`` against the GPU host's ``run_batch`` ms on every other cell (does one constant carry this machine's
+   CPU time to the GPU host's, across batch sizes and tree shapes?);
+2. the step of the plugin revision the H200 measured (``--measured-rev``, inline path, forced drafts off) against its
+   measured median on every cell.
 
-    .venvs/sglang-0.5.16/bin/python benchmarks/step_model.py   # reads benchmarks/results/scheduler_budget_0.5.16.json
+Then the new path (this checkout's inline default) is PREDICTED per cell, with its margin ``G - k (a + b)``: a
+positive margin is CPU work hidden under the GPU's.
+
+What the model is not: the stock SGLang column (grammar batches leave the overlap, so its step is GPU + a serial part
+of the CPU work plus sync bubbles, not ``max``) and the grammar thread (its step is set by GIL round trips, a latency
+the CPU-time terms do not hold) are outside it; neither is predicted. Nor does it hold the mean step, which the slow
+xgrammar mask states set (README, "Known upstream limit").
+
+Run (needs no GPU and no engine: it reads committed results)::
+
+    python benchmarks/step_model.py
 
 Writes ``benchmarks/results/step_model.{json,md}``.
 """
@@ -33,127 +43,181 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_TABLE = ROOT / "benchmarks" / "data" / "gpu_h200_0.5.16.json"
+RESULTS = ROOT / "benchmarks" / "results"
+GPU_FILES = tuple(RESULTS / f"gpu_constrained_cuda_0.5.16_h200_{s}.json"
+                  for s in ("topk1", "topk1_inline", "topk4", "topk4_inline"))
+BUDGET = RESULTS / "scheduler_budget_0.5.16_step_model.json"
+MEASURED_REV = "before"  # the budget file's path holding the revision the H200 measured (a4e4bca, forced drafts off)
+NEW_PATH = "inline"  # this checkout's default path
 
 Cell = Tuple[str, int]
 
 
-@dataclass(frozen=True)
-class CpuTerms:
-    """This machine's scheduler-thread ms per step for one cell (``bench_scheduler_budget``)."""
-
-    a: float  # SGLang's own, unconstrained
-    b_inline: float  # grammar's extra, inline path
-    b_thread: float  # grammar's extra, grammar-thread path
-    w_thread: float  # the grammar thread's work (advance + tree wait + mask)
+def _median(xs: Iterable[float]) -> Optional[float]:
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
 
 
-def predict(g: float, k: float, a: float, b: float, w: float = 0.0) -> float:
-    """``max(G, k (a + b), k w)`` (module docstring)."""
-    return max(g, k * (a + b), k * w)
+def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]:
+    """Per cell, medians over the full-batch step records ``[step_ms, grammar_ms, run_batch_ms, bs, ...]`` of the H200
+    runs: ``G`` (unconstrained step), ``R`` (unconstrained ``run_batch`` ms) and ``inline`` (the plugin's inline path,
+    ``json-inline``). A variant measured in several runs pools their records."""
+    pooled: Dict[Tuple[str, int, str], List[List[float]]] = {}
+    for res in results:
+        for raw in res.get("raw", []):
+            key = (raw["shape"], int(raw["bs"]), raw["variant"])
+            for rnd in raw["rounds"]:
+                pooled.setdefault(key, []).extend(s for s in rnd["steps"] if int(s[3]) == int(raw["bs"]))
+    cells: Dict[Cell, Dict[str, float]] = {}
+    for (spec, bs, variant), steps in pooled.items():
+        c = cells.setdefault((spec, bs), {})
+        if variant == "unconstrained":
+            c["G"] = _median(s[0] for s in steps)  # type: ignore[assignment]
+            c["R"] = _median(s[2] for s in steps)  # type: ignore[assignment]
+        elif variant == "json-inline":
+            c["inline"] = _median(s[0] for s in steps)  # type: ignore[assignment]
+    return {k: v for k, v in cells.items() if "G" in v and "R" in v}
 
 
-def fit_k(measured: float, g: float, a: float, b: float) -> float:
-    """The one constant from one cell whose measured step is CPU-bound (``measured > G``)."""
-    if measured <= g:
-        raise ValueError(f"the fit cell must be CPU-bound: measured {measured} ms <= GPU work {g} ms")
-    if a + b <= 0:
-        raise ValueError("the fit cell has no CPU terms")
-    return measured / (a + b)
-
-
-def cpu_terms(budget: Dict[str, Any]) -> Dict[Cell, CpuTerms]:
-    """Cells of a ``scheduler_budget_<v>.json`` result that have both paths measured."""
-    out: Dict[Cell, CpuTerms] = {}
+def cpu_cells(budget: Dict[str, Any], paths: Sequence[str]) -> Dict[Cell, Dict[str, float]]:
+    """Per cell of a ``bench_scheduler_budget`` result: ``a`` and ``r`` (SGLang's own scheduler-thread ms and its
+    ``run_batch`` CPU ms per unconstrained step, averaged over the engines of ``paths``) and ``b_<path>`` for each
+    path. Only cells whose records carry the device split (``device_ms``)."""
+    out: Dict[Cell, Dict[str, float]] = {}
     for row in budget["rows"]:
-        inl, thr = row.get("inline"), row.get("thread")
-        if not inl or not thr:
-            continue
-        bi, bt = inl["budget"], thr["budget"]
-        a_vals = [x for x in (bi.get("a_ms"), bt.get("a_ms")) if x is not None]
-        if not a_vals or bi.get("b_ms") is None or bt.get("b_ms") is None:
-            continue
-        p = thr.get("plugin") or {}
-        w = p.get("advance_ms", 0.0) + p.get("tree_wait_ms", 0.0) + p.get("mask_ms", 0.0)
-        out[(row["spec"], int(row["bs"]))] = CpuTerms(a=sum(a_vals) / len(a_vals), b_inline=bi["b_ms"],
-                                                      b_thread=bt["b_ms"], w_thread=w)
+        a_vals, r_vals, c = [], [], {}
+        for path in paths:
+            p = row.get(path)
+            if not p:
+                continue
+            unc = p["unconstrained"]
+            if unc.get("device_ms") is None or unc.get("run_cpu_ms") is None:
+                continue
+            a_vals.append(unc["cpu_ms"])
+            r_vals.append(unc["run_cpu_ms"])
+            if p["budget"].get("b_ms") is not None:
+                c[f"b_{path}"] = p["budget"]["b_ms"]
+        if a_vals:
+            c["a"] = sum(a_vals) / len(a_vals)
+            c["r"] = sum(r_vals) / len(r_vals)
+            out[(row["spec"], int(row["bs"]))] = c
     return out
 
 
-def evaluate(gpu: Sequence[Dict[str, Any]], cpu: Dict[Cell, CpuTerms], fit_cell: Cell) -> Dict[str, Any]:
-    """Fit ``k`` on ``fit_cell``; predict every cell: the inline path against the measured plugin column (error
-    out of sample everywhere but the fit cell), the grammar-thread path as a prediction."""
-    table = {(c["spec"], int(c["bs"])): c for c in gpu}
-    if fit_cell not in table or fit_cell not in cpu:
-        raise ValueError(f"fit cell {fit_cell} needs both a GPU measurement and CPU terms")
-    f, t = table[fit_cell], cpu[fit_cell]
-    k = fit_k(f["plugin"], f["unconstrained"], t.a, t.b_inline)
+def predict(g: float, k: float, a: float, b: float) -> float:
+    """``max(G, k (a + b))`` (module docstring)."""
+    return max(g, k * (a + b))
+
+
+def fit_k(r_gpu: float, r_here: float) -> float:
+    """The one constant from one cell: the GPU host's ``run_batch`` CPU ms over this machine's."""
+    if r_gpu <= 0 or r_here <= 0:
+        raise ValueError(f"the fit cell needs positive run_batch CPU times on both machines, got {r_gpu} / {r_here}")
+    return r_gpu / r_here
+
+
+def evaluate(gpu: Dict[Cell, Dict[str, float]], cpu: Dict[Cell, Dict[str, float]], fit_cell: Cell,
+             measured: str = MEASURED_REV, new: str = NEW_PATH) -> Dict[str, Any]:
+    """Fit ``k`` on ``fit_cell``; per cell: the ``run_batch`` check, the measured revision's step against the H200's
+    median (both out of sample everywhere but the fit cell's ``run_batch``), the new path's prediction and margin."""
+    if fit_cell not in gpu or fit_cell not in cpu:
+        raise ValueError(f"fit cell {fit_cell} needs both an H200 measurement and this machine's CPU terms")
+    k = fit_k(gpu[fit_cell]["R"], cpu[fit_cell]["r"])
     rows: List[Dict[str, Any]] = []
-    for cell in sorted(set(table) & set(cpu), key=lambda c: (c[0], c[1])):
-        m, t = table[cell], cpu[cell]
-        g = m["unconstrained"]
-        inline = predict(g, k, t.a, t.b_inline)
-        thread = predict(g, k, t.a, t.b_thread, t.w_thread)
-        rows.append({
-            "spec": cell[0], "bs": cell[1], "gpu_ms": g, "measured_plugin_ms": m["plugin"],
-            "pred_inline_ms": inline, "inline_error": inline / m["plugin"] - 1, "in_sample": cell == fit_cell,
-            "pred_thread_ms": thread, "thread_over_unconstrained": thread / g - 1,
-            "thread_bound": ("GPU" if thread == g else "scheduler thread" if thread == k * (t.a + t.b_thread)
-                             else "grammar thread"),
-            "cpu": t.__dict__,
-        })
-    oos = [abs(r["inline_error"]) for r in rows if not r["in_sample"]]
-    return {"k": k, "fit_cell": list(fit_cell), "rows": rows, "max_oos_error": max(oos) if oos else None}
+    for cell in sorted(set(gpu) & set(cpu)):
+        g, c = gpu[cell], cpu[cell]
+        row: Dict[str, Any] = {"spec": cell[0], "bs": cell[1], "G": g["G"], "fit": cell == fit_cell,
+                               "R_gpu": g["R"], "R_pred": k * c["r"], "R_error": k * c["r"] / g["R"] - 1,
+                               "a": c["a"], "r": c["r"]}
+        b_old, b_new = c.get(f"b_{measured}"), c.get(f"b_{new}")
+        if b_old is not None and g.get("inline") is not None:
+            pred = predict(g["G"], k, c["a"], b_old)
+            row.update(b_measured=b_old, measured_step=g["inline"], measured_over_G=g["inline"] / g["G"] - 1,
+                       pred_measured=pred, step_error=pred / g["inline"] - 1)
+        if b_new is not None:
+            pred = predict(g["G"], k, c["a"], b_new)
+            row.update(b_new=b_new, pred_new=pred, pred_new_over_G=pred / g["G"] - 1,
+                       margin_ms=g["G"] - k * (c["a"] + b_new))
+        rows.append(row)
+    # the same model fitted on each cell in turn: does the new path's verdict depend on which cell set k?
+    by_fit = []
+    for cell in sorted(set(gpu) & set(cpu)):
+        kc = fit_k(gpu[cell]["R"], cpu[cell]["r"])
+        margins = [gpu[c]["G"] - kc * (cpu[c]["a"] + cpu[c][f"b_{new}"]) for c in sorted(set(gpu) & set(cpu))
+                   if f"b_{new}" in cpu[c]]
+        by_fit.append({"spec": cell[0], "bs": cell[1], "k": kc, "min_margin_ms": min(margins) if margins else None})
+    r_oos = [abs(r["R_error"]) for r in rows if not r["fit"]]
+    s_oos = [abs(r["step_error"]) for r in rows if "step_error" in r]
+    return {"k": k, "fit_cell": list(fit_cell), "rows": rows, "by_fit_cell": by_fit,
+            "max_R_error": max(r_oos) if r_oos else None, "max_step_error": max(s_oos) if s_oos else None,
+            "max_new_over_G": max((r["pred_new_over_G"] for r in rows if "pred_new_over_G" in r), default=None)}
 
 
-def markdown(res: Dict[str, Any], sources: Dict[str, str]) -> str:
+def markdown(res: Dict[str, Any]) -> str:
+    def pct(x: Optional[float]) -> str:
+        return "–" if x is None else f"{x * 100:+.1f} %"
+
+    def ms(x: Optional[float]) -> str:
+        return "–" if x is None else f"{x:.2f}"
+
+    src = res["sources"]
     lines = [
-        "# Step model: max(GPU work, k x scheduler-thread CPU, k x grammar-thread chain), one fitted constant",
+        "# Step model: max(GPU work, k x scheduler-thread CPU), one fitted constant",
         "",
-        f"GPU work and the measured plugin column: {sources['gpu']}. CPU terms: `{sources['cpu']}` (this 2-core "
-        f"machine, same SGLang band). k = **{res['k']:.3f}** (GPU host CPU ms per ms here), fitted on "
-        f"{res['fit_cell'][0]} bs {res['fit_cell'][1]} only. Largest out-of-sample error of the inline prediction: "
-        f"**{res['max_oos_error'] * 100:.1f} %**.",
+        f"GPU: {src['gpu']} (medians of the scheduler-timed full-batch steps). CPU terms: `{src['cpu']}` (this 2-core "
+        f"machine, SGLang {src.get('sglang', '0.5.16')}). k = **{res['k']:.3f}** (GPU host CPU ms per ms here), "
+        f"fitted on the unconstrained `run_batch` CPU time of {res['fit_cell'][0]} bs {res['fit_cell'][1]} only.",
         "",
-        "`inline` is the path the GPU table measured (grammar on the scheduler thread); its prediction is checked "
-        "against the measurement. `thread` (the grammar thread, the new default) is PREDICTED: no GPU has run it.",
+        f"Out of sample: largest `run_batch` error **{pct(res['max_R_error'])[1:]}**; largest step error for the "
+        f"revision the H200 measured (`{src['measured']}`) **{pct(res['max_step_error'])[1:]}**. The new path "
+        f"(`{src['new']}`) is PREDICTED: largest predicted overhead over unconstrained "
+        f"**{pct(res['max_new_over_G'])}**.",
         "",
-        "| EAGLE3 | bs | GPU (unconstrained) ms | plugin measured ms | inline predicted ms | error | thread "
-        "PREDICTED ms | thread over unconstrained | bound by |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| EAGLE3 | bs | G: unconstrained ms (H200) | run_batch ms: H200 / k x here | error | measured rev.: H200 ms "
+        "(over G) | predicted ms | error | new path PREDICTED ms (over G) | margin ms | a / b new ms here |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["rows"]:
-        err = f"{r['inline_error'] * 100:+.1f} %" + (" (fit)" if r["in_sample"] else "")
         lines.append(
-            f"| {r['spec']} | {r['bs']} | {r['gpu_ms']:.2f} | {r['measured_plugin_ms']:.2f} | "
-            f"{r['pred_inline_ms']:.2f} | {err} | {r['pred_thread_ms']:.2f} | "
-            f"{r['thread_over_unconstrained'] * 100:+.1f} % | {r['thread_bound']} |"
-        )
-    lines += ["", "CPU terms per cell (ms on this machine): " + "; ".join(
-        f"{r['spec']} bs{r['bs']}: a {r['cpu']['a']:.2f}, b inline {r['cpu']['b_inline']:.2f}, b thread "
-        f"{r['cpu']['b_thread']:.2f}, w thread {r['cpu']['w_thread']:.2f}" for r in res["rows"]), ""]
+            f"| {r['spec']} | {r['bs']} | {ms(r['G'])} | {ms(r['R_gpu'])} / {ms(r['R_pred'])} | "
+            f"{pct(r['R_error'])}{' (fit)' if r['fit'] else ''} | "
+            f"{ms(r.get('measured_step'))} ({pct(r.get('measured_over_G'))}) | {ms(r.get('pred_measured'))} | "
+            f"{pct(r.get('step_error'))} | {ms(r.get('pred_new'))} ({pct(r.get('pred_new_over_G'))}) | "
+            f"{ms(r.get('margin_ms'))} | {ms(r['a'])} / {ms(r.get('b_new'))} |")
+    fits = res.get("by_fit_cell") or []
+    if fits:
+        lines += ["", "The new path's smallest margin with k fitted on each cell in turn: " + "; ".join(
+            f"{f['spec']} bs {f['bs']}: k {f['k']:.2f}, {ms(f['min_margin_ms'])} ms" for f in fits) + "."]
+    lines += ["", "Not modelled: stock SGLang (non-overlapped grammar batches), the grammar thread (GIL round trips), "
+              "the mean step (slow xgrammar mask states). See the module docstring.", ""]
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--budget", default=str(ROOT / "benchmarks" / "results" / "scheduler_budget_0.5.16.json"))
-    ap.add_argument("--gpu", default=str(GPU_TABLE))
+    ap.add_argument("--budget", default=str(BUDGET), help="a bench_scheduler_budget result (SGLang 0.5.16)")
+    ap.add_argument("--gpu", nargs="*", default=[str(p) for p in GPU_FILES], help="bench_gpu_constrained results")
     ap.add_argument("--fit", default="topk1,64", help="the one fit cell: spec,bs")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--measured-rev", default=MEASURED_REV, help="the budget path of the revision the H200 measured")
+    ap.add_argument("--new", default=NEW_PATH, help="the budget path of the new code")
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    gpu = json.loads(Path(args.gpu).read_text())
     budget = json.loads(Path(args.budget).read_text())
+    gpu = gpu_cells([json.loads(Path(p).read_text()) for p in args.gpu])
+    paths = list(dict.fromkeys(r["path"] for r in budget["runs"]))
     spec, bs = args.fit.split(",")
-    res = evaluate(gpu["cells"], cpu_terms(budget), (spec, int(bs)))
-    res["sources"] = {"gpu": gpu["source"], "cpu": Path(args.budget).name}
-    md = markdown(res, res["sources"])
+    res = evaluate(gpu, cpu_cells(budget, paths), (spec, int(bs)), args.measured_rev, args.new)
+    res["sources"] = {"gpu": ", ".join(f"`{Path(p).name}`" for p in args.gpu), "cpu": Path(args.budget).name,
+                      "sglang": budget["machine"]["sglang"], "measured": f"{args.measured_rev} = "
+                      f"{budget.get('before')} (forced drafts {budget.get('before_forced') or 'default'})",
+                      "new": args.new}
+    md = markdown(res)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "step_model.json").write_text(json.dumps(res, indent=1))

@@ -7,6 +7,7 @@ once across nested regions; ``benchmarks/bench_engine_step.py`` reduces those re
 from __future__ import annotations
 
 import importlib.util
+import types
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,119 @@ def test_step_clock_records_only_decode_to_decode_intervals():
     assert sc.launch(is_decode=True, bs=16, grammar=True) is True  # the step of the unconstrained batch ends here
 
     assert len(sc.steps) == 2
-    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 1.0, 5.0])
-    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0, 0.0])
+    # without a tensor-op timer the device work is the forward alone, and no op is counted
+    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 1.0, 5.0, 5.0, 0.0, 0.0])
+    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+
+
+class _Ops:
+    """The op timer's side of a step record, set by hand (``StepClock`` reads ``device_s``, ``count``, ``calls`` and
+    ``overhead_s``)."""
+
+    device_s = 0.0
+    count = 0
+    calls = 0
+    overhead_s = 2e-6
+
+
+def test_step_clock_adds_the_op_timers_device_share_to_the_forward():
+    clock = FakeClock()
+    timer = step_times.GrammarTimer(clock)
+    forward = step_times.GrammarTimer(clock, marker="__eo_forward_timed__")
+    ops = _Ops()
+    sc = step_times.StepClock(timer, clock, forward=forward, ops=ops)
+    fwd = forward.wrap(lambda dt: setattr(clock, "t", clock.t + dt))
+    ops.device_s, ops.count, ops.calls = 0.5, 100, 400  # before the first decode launch: not this step's
+    sc.launch(is_decode=True, bs=4)
+    fwd(0.004)
+    ops.device_s, ops.count, ops.calls = 0.503, 130, 900  # 3 ms of device work in 30 ops, 500 calls x 2 us probe
+    clock.t += 0.010
+    assert sc.launch(is_decode=True, bs=4) is True
+    assert sc.steps[-1] == pytest.approx([14.0, 0.0, 0.0, 4.0, 1.0, 4.0, 7.0, 30.0, 1.0])
+
+
+def _op_timer():
+    clock = FakeClock()
+    region = {"forward": 0, "grammar": 0}
+    t = step_times.TensorOpTimer(lambda: region["forward"] > 0, lambda: region["grammar"] > 0, clock)
+    return t, clock, region
+
+
+def test_tensor_op_timer_splits_dispatch_from_device_work():
+    """An op's time beyond this machine's per-op dispatch is device work; host-side calls (conversions, attribute
+    reads) and calls inside a forward or grammar region are not timed at all."""
+    t, clock, region = _op_timer()
+    t.dispatch_s = 0.001
+
+    def op(dt):
+        clock.t += dt
+        return "out"
+
+    op.__name__ = "argmax"
+    assert t._call(op, (0.011,), {}) == "out"
+    assert t.device_s == pytest.approx(0.010) and t.count == 1
+    t._call(op, (0.0005,), {})  # cheaper than a dispatch: no negative device time
+    assert t.device_s == pytest.approx(0.010) and t.count == 2
+    host = lambda: clock.__setattr__("t", clock.t + 0.5)  # noqa: E731
+    host.__name__ = "tolist"
+    t._call(host, (), {})
+    region["grammar"] = 1  # inside a grammar region: the grammar timer has it, the probe's call is counted
+    t._call(op, (0.5,), {})
+    region["grammar"], region["forward"] = 0, 1  # inside the forward: device time, the probe's call included
+    t._call(op, (0.5,), {})
+    assert t.device_s == pytest.approx(0.010) and t.count == 2
+    assert t.calls == 4  # the calls whose probe cost lands in the scheduler thread's CPU time
+
+
+def test_tensor_op_timer_counts_a_kernel_as_one_op():
+    """A stand-in kernel (one launch on a GPU, a Python loop of tensor ops here) is one op, its inner ops not timed;
+    on another thread it is a plain call."""
+    import threading
+
+    t, clock, _ = _op_timer()
+    t.dispatch_s = 0.001
+    inner = lambda: clock.__setattr__("t", clock.t + 0.002)  # noqa: E731
+    inner.__name__ = "__setitem__"
+
+    def kernel(n):
+        for _ in range(n):
+            t._call(inner, (), {})
+        return n
+
+    assert t.kernel(kernel, (5,), {}) == 5
+    assert t.count == 1 and t.device_s == pytest.approx(0.010 - 0.001)
+    wrapped = t.wrap_kernel(kernel)
+    assert wrapped(2) == 2 and t.count == 2 and wrapped.__name__ == "kernel"
+    before = (t.count, t.device_s)
+    th = threading.Thread(target=t.kernel, args=(lambda: clock.__setattr__("t", clock.t + 1.0), (), {}))
+    th.start()
+    th.join()
+    assert (t.count, t.device_s) == before
+
+
+def test_tensor_op_timer_times_torch_calls_of_its_thread_only():
+    """The real torch function mode: a tensor op on the timer's thread is counted, ``tolist`` and attribute reads are
+    not, another thread's ops are not; the calibration measures a one-element op."""
+    import threading
+
+    import torch
+    t = step_times.TensorOpTimer(lambda: False)
+    try:
+        d, overhead = t.calibrate(reps=50)  # starts the mode
+        assert d > 0 and overhead > 0 and t.count == 0 and t.device_s == 0.0 and t.calls == 0
+        x = torch.ones(4)
+        y = torch.argmax(x + 1)
+        n = t.count
+        assert n == 3  # ones, add, argmax
+        y.tolist()
+        _ = x.shape
+        assert t.count == n and t.calls == n + 2
+        th = threading.Thread(target=lambda: torch.ones(3) + 1)
+        th.start()
+        th.join()
+        assert t.count == n
+    finally:
+        t._mode.__exit__(None, None, None)
 
 
 def test_grammar_timer_times_only_its_own_thread():
@@ -197,9 +309,13 @@ def test_install_appends_one_line_per_step_and_wraps_once(tmp_path, monkeypatch)
         "missing" if where[1] == "generate_token_bitmask" else None))
     excluded = []
     monkeypatch.setattr(step_times, "_exclude_region", lambda timer, *where: excluded.append(where))
+    op_timers = []  # the torch function mode would stay on this test thread: recorded instead
+    monkeypatch.setattr(step_times, "_time_tensor_ops", lambda rec: op_timers.append(rec.ops))
     launched = []
 
     class Scheduler:
+        server_args = types.SimpleNamespace(device="cpu")
+
         def run_batch(self, batch):
             launched.append(batch)
             return len(launched)
@@ -219,13 +335,31 @@ def test_install_appends_one_line_per_step_and_wraps_once(tmp_path, monkeypatch)
     # once, for the first install only: the grammar regions, then the forward (the stats write excluded)
     assert wrapped_regions == list(step_times._REGIONS_0_5_23) + [step_times._FORWARD]
     assert excluded == [step_times._EXCLUDED]
+    assert len(op_timers) == 1 and op_timers[0] is not None  # the op timer started once, with the first install
     assert got["errors"] == []  # 0.5.23's regions do not include the failing one
     step_times.install(Scheduler(), (0, 5, 16))  # another scheduler process appends; its region failure is reported
     assert step_times.read_step_times(path)["errors"] == ["grammar region not timed: missing"]
     with open(path, "a", encoding="utf-8") as f:
         f.write('[1.0, 2.0, 3.0, 4.0, 1.0]\n[1.0, 0.0')  # a last line still being written is skipped
     assert step_times.read_step_times(path)["steps"] == got["steps"] + [[1.0, 2.0, 3.0, 4.0, 1.0]]
-    assert step_times.read_step_times(tmp_path / "none.jsonl") == {"pid": None, "steps": [], "errors": []}
+    assert step_times.read_step_times(tmp_path / "none.jsonl") == {"pid": None, "dispatch_us": None,
+                                                                    "probe_overhead_us": None, "steps": [], "errors": []}
+
+
+def test_the_op_timer_runs_on_a_cpu_engine_only(tmp_path, monkeypatch):
+    """A GPU engine's tensor ops are asynchronous launches (scheduler-thread CPU work): no torch function mode there."""
+    monkeypatch.setenv(step_times.STEP_TIMES_ENV, str(tmp_path / "steps.jsonl"))
+    monkeypatch.setattr(step_times, "_wrap_region", lambda *a: None)
+    monkeypatch.setattr(step_times, "_exclude_region", lambda *a: None)
+    started = []
+    monkeypatch.setattr(step_times, "_time_tensor_ops", lambda rec: started.append(rec))
+    for device in ("cuda", "cpu"):
+        sched = types.SimpleNamespace(server_args=types.SimpleNamespace(device=device), run_batch=lambda b: b)
+        step_times.install(sched, (0, 5, 16))
+        assert len(started) == (device == "cpu")
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")  # no server args: the CPU runtime's switch decides
+    step_times.install(types.SimpleNamespace(run_batch=lambda b: b), (0, 5, 16))
+    assert len(started) == 2
 
 
 def test_install_without_the_env_variable_changes_nothing(monkeypatch):
@@ -269,3 +403,33 @@ def test_probe_distribution_is_found_by_the_plugin_loader_in_a_fresh_process(tmp
     assert got["file"].startswith(str(tmp_path / "probe")) and got["sgl_kernel"] is False
     assert sorted(p.name for p in (tmp_path / "probe").iterdir()) == ["sglang_eo_dev",
                                                                       "sglang_eo_step_times_probe-0.0.dist-info"]
+
+
+def test_a_compiled_function_runs_without_the_mode_and_counts_as_one_op():
+    """Dynamo's guards see a torch function mode, and a compiled graph run under one turned into thousands of separate
+    calls (measured: ~13k per ``_select_top_k_tokens_later``): a compiled helper runs with the mode lifted, timed as one
+    op, and the mode is back for the next call."""
+    import torch
+    from torch.overrides import _get_current_function_mode_stack
+
+    t = step_times.TensorOpTimer(lambda: False)
+    seen = []
+
+    def helper(x):
+        seen.append(len(_get_current_function_mode_stack()))
+        return x * 2
+
+    try:
+        t.calibrate(reps=20)
+        x = torch.ones(2)
+        compiled, plain = t.wrap_kernel(helper, compiled=True), t.wrap_kernel(helper)
+        c0 = t.count
+        y = compiled(x)
+        plain(x)
+        assert seen == [0, 1] and t.count == c0 + 2  # lifted for the compiled one only; each one op
+        calls = t.calls
+        x + 1
+        assert t.calls == calls + 1 and t.count == c0 + 3  # the mode is back
+        assert y.tolist() == [2.0, 2.0]
+    finally:
+        t._mode.__exit__(None, None, None)

@@ -8,6 +8,8 @@ Python: batches in the CPU tests are a handful of requests, so clarity wins over
 from __future__ import annotations
 
 import ctypes
+import functools
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -23,11 +25,27 @@ __all__ = [
     "verify_tree_greedy_cpu",
 ]
 
+# A probe that times device work (``sglang_eo_dev.cpu_runtime.step_times``) sets this: each op below is ONE kernel on
+# a GPU, whatever its Python loop does here, so the probe times every call as one device op. None: plain calls.
+KERNEL_HOOK: list[Optional[Callable[[Callable[..., Any], tuple, dict], Any]]] = [None]
+
+
+def _kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Route calls of a stand-in op through :data:`KERNEL_HOOK` when one is set."""
+
+    @functools.wraps(fn)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        hook = KERNEL_HOOK[0]
+        return fn(*args, **kwargs) if hook is None else hook(fn, args, kwargs)
+
+    return op
+
 
 def _ints(t: torch.Tensor) -> list[int]:
     return [int(x) for x in t.reshape(-1).tolist()]
 
 
+@_kernel
 def copy_all_layer_kv_cache_cpu(
     data_ptrs: torch.Tensor, strides: torch.Tensor, tgt_loc: torch.Tensor, src_loc: torch.Tensor
 ) -> None:
@@ -45,6 +63,7 @@ def copy_all_layer_kv_cache_cpu(
             ctypes.memmove(base + tgt * stride, row, stride)
 
 
+@_kernel
 def assign_req_to_token_pool_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,  # written
@@ -63,6 +82,7 @@ def assign_req_to_token_pool_cpu(
         offset += max(n, 0)
 
 
+@_kernel
 def assign_extend_cache_locs_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -82,6 +102,7 @@ def assign_extend_cache_locs_cpu(
         offset += max(n, 0)
 
 
+@_kernel
 def assign_draft_cache_locs_contiguous_cpu(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -99,6 +120,7 @@ def assign_draft_cache_locs_contiguous_cpu(
         flat[i * width : (i + 1) * width] = req_to_token[req, seq_len : seq_len + width].to(flat.dtype)
 
 
+@_kernel
 def build_draft_decode_metadata_cpu(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -125,6 +147,7 @@ def build_draft_decode_metadata_cpu(
     return out
 
 
+@_kernel
 def fill_bonus_tokens_cpu(
     accept_tokens: torch.Tensor,
     accept_lens: torch.Tensor,
@@ -141,6 +164,7 @@ def fill_bonus_tokens_cpu(
     bonus_tokens.view(-1)[: lens.numel()] = flat[idx].to(bonus_tokens.dtype)
 
 
+@_kernel
 def fill_accept_out_cache_loc_cpu(
     accept_index: torch.Tensor,
     out_cache_loc: torch.Tensor,
@@ -162,6 +186,7 @@ def _find_selected(selected: list[int], token_idx: int) -> int:
     return -1
 
 
+@_kernel
 def build_tree_kernel_efficient_cpu(
     parent_list: torch.Tensor,
     selected_index: torch.Tensor,
@@ -247,6 +272,7 @@ def build_tree_kernel_efficient_cpu(
         prefix_sum += seq_len
 
 
+@_kernel
 def verify_tree_greedy_cpu(
     predicts: torch.Tensor,  # written
     accept_index: torch.Tensor,  # written

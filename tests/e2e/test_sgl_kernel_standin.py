@@ -176,3 +176,34 @@ def test_reconstruct_indices_from_tree_mask_links_an_ngram_tree():
     assert ridx.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert nxt.tolist() == [[1, 3, -1, -1], [1, 2, 3, -1]]
     assert sib.tolist() == [[-1, 2, -1, -1], [-1, -1, -1, -1]]
+
+
+def test_every_op_goes_through_the_kernel_hook_when_one_is_set():
+    """The step probe (``step_times.TensorOpTimer.kernel``) times each stand-in op as one device op through
+    ``_spec_ops.KERNEL_HOOK``: every public op routes there with its own function and arguments, and calls are plain
+    again once the hook is cleared."""
+    import sgl_kernel
+    from sgl_kernel import _spec_ops
+
+    seen = []
+
+    def hook(fn, args, kwargs):
+        seen.append(fn.__name__)
+        return fn(*args, **kwargs)
+
+    _spec_ops.KERNEL_HOOK[0] = hook
+    try:
+        for name in sgl_kernel.__all__:
+            op = getattr(sgl_kernel, name)
+            assert op.__wrapped__.__name__ == name  # functools.wraps: the hook gets the op itself
+            try:
+                op()  # wrong arguments: the op raises, but only after the hook handed the call over
+            except TypeError:
+                pass
+        assert seen == list(sgl_kernel.__all__)
+    finally:
+        _spec_ops.KERNEL_HOOK[0] = None
+    seen.clear()
+    with pytest.raises(TypeError):
+        sgl_kernel.fill_bonus_tokens_cpu()
+    assert seen == []

@@ -27,16 +27,28 @@ discover it without installing anything; both may run, the second install is a n
   returns the tensor itself (no copy, no sync), so it costs nothing here anyway.
 
 * the model forward (``ModelRunner.forward``, draft and target alike): on a CPU engine it is the "GPU work" of the
-  step, run synchronously on the scheduler thread; ``step - forward`` is the scheduler thread's own CPU work.
+  step, run synchronously on the scheduler thread;
+* on a CPU engine, every other tensor operation the scheduler thread runs outside the forward and outside the grammar
+  regions (:class:`TensorOpTimer`, a torch function mode on the scheduler thread only; a GPU engine's ops are
+  asynchronous launches, CPU work of the scheduler thread, and are left alone): the verify's argmax over
+  ``bs x n x vocab`` logits, the draft's top-k, tree building, the ``sgl_kernel`` stand-ins. On a GPU each of them is
+  a kernel launch: the scheduler thread pays its dispatch, the device its compute. So the probe counts an op's
+  dispatch as CPU work -- this machine's cost of dispatching a one-element op, measured at install -- and the rest
+  of its time as device work. ``step - device`` is then the scheduler thread's own CPU work, what a GPU host's
+  scheduler thread does per step (issue 17's (a)); ``step - forward`` still holds the tensor work too.
 
 Regions are timed on the scheduler thread only (the product plugin's grammar thread passes through untimed), and the
 plugin's stats-file write inside a region is not counted (instrumentation).
 
-Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms]`` (``grammar`` 1.0 when the step's batch
-held a grammar request, else 0.0). The file is JSON lines, only ever appended to (name a fresh path per engine), one flushed
-line per recorded step (one small write: a GPU run records thousands of steps, and rewriting a whole file per step
-would cost the scheduler thread milliseconds): a ``{"pid": ...}`` header per scheduler process, then one record list
-per step and ``{"error": ...}`` objects. :func:`read_step_times` returns ``{"pid", "steps": [...], "errors": [...]}``.
+Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms]``
+(``grammar`` 1.0 when the step's batch held a grammar request, else 0.0; ``device_ms`` = forward + the device share of
+the other tensor ops; ``tensor_ops`` how many such ops ran; ``probe_ms`` what the tensor-op timer itself cost the
+scheduler thread outside the forward: a measurement artefact, taken out with the device work). The file is JSON lines, only ever appended to (name a fresh path per
+engine), one flushed line per recorded step (one small write: a GPU run records thousands of steps, and rewriting a
+whole file per step would cost the scheduler thread milliseconds): a ``{"pid": ...}`` header per scheduler process and
+its calibration ``{"dispatch_us": ..., "probe_overhead_us": ...}``, then one record list per step and ``{"error": ...}``
+objects. :func:`read_step_times` returns ``{"pid", "dispatch_us", "probe_overhead_us", "steps": [...], "errors":
+[...]}``.
 """
 
 from __future__ import annotations
@@ -45,12 +57,13 @@ import functools
 import importlib
 import json
 import os
+import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
-__all__ = ["PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "install", "load", "read_step_times",
-           "write_probe_distribution"]
+__all__ = ["PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "TensorOpTimer", "install", "load",
+           "read_step_times", "write_probe_distribution"]
 
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"
 MAX_STEPS = 200000
@@ -119,20 +132,23 @@ class GrammarTimer:
 
 class StepClock:
     """Turns ``run_batch`` launches into decode-step records
-    ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms]``.
+    ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms]``.
 
     Call :meth:`launch` when a batch is launched and :meth:`launched` when its ``run_batch`` returned. A step is
     recorded at a launch when both this launch and the previous one are decode steps (``is_decode=True``); its grammar
     time is the :class:`GrammarTimer` total accumulated between the two launches; ``bs`` and ``grammar`` are those of
     the previous launch (the batch whose step ends here); ``forward_ms`` the ``forward`` timer's total in the interval
-    (0 without one).
+    (0 without one); ``device_ms`` that plus the ``ops`` timer's device share in the interval, ``tensor_ops`` its op
+    count, ``probe_ms`` the ``ops`` timer's own cost in the interval (its calls x its per-call overhead).
     """
 
     def __init__(self, timer: GrammarTimer, clock: Callable[[], float] = time.perf_counter,
-                 forward: Optional[GrammarTimer] = None) -> None:
+                 forward: Optional[GrammarTimer] = None, ops: Optional["TensorOpTimer"] = None) -> None:
         self.timer = timer
         self.forward = forward
+        self.ops = ops
         self._fwd0 = 0.0
+        self._ops0: Tuple[float, int, float] = (0.0, 0, 0.0)
         self._clock = clock
         # (launch t, grammar total, run_batch s, bs, grammar flag) of the last decode launch
         self._prev: Optional[tuple[float, float, float, int, bool]] = None
@@ -143,14 +159,19 @@ class StepClock:
         now = self._clock()
         recorded = False
         fwd = self.forward.total_s if self.forward is not None else 0.0
+        ops = (self.ops.device_s, self.ops.count, self.ops.calls * self.ops.overhead_s) if self.ops is not None \
+            else (0.0, 0, 0.0)
         if self._prev is not None and is_decode:
             t0, g0, run_s, prev_bs, prev_grammar = self._prev
             if len(self.steps) < MAX_STEPS:
+                fwd_ms = (fwd - self._fwd0) * 1e3
                 self.steps.append([(now - t0) * 1e3, (self.timer.total_s - g0) * 1e3, run_s * 1e3, float(prev_bs),
-                                   1.0 if prev_grammar else 0.0, (fwd - self._fwd0) * 1e3])
+                                   1.0 if prev_grammar else 0.0, fwd_ms, fwd_ms + (ops[0] - self._ops0[0]) * 1e3,
+                                   float(ops[1] - self._ops0[1]), (ops[2] - self._ops0[2]) * 1e3])
                 recorded = True
         self._prev = (now, self.timer.total_s, 0.0, bs, grammar) if is_decode else None
         self._fwd0 = fwd
+        self._ops0 = ops
         self._launched_at = now
         return recorded
 
@@ -159,6 +180,143 @@ class StepClock:
         if self._prev is not None:
             t0, g0, _, bs, grammar = self._prev
             self._prev = (t0, g0, self._clock() - self._launched_at, bs, grammar)
+
+
+class TensorOpTimer:
+    """Splits the scheduler thread's tensor operations outside the model forward and the grammar regions into the
+    part a GPU host's scheduler thread also pays (the dispatch of a launch) and device work (module docstring).
+
+    :meth:`enter` pushes a torch function mode on the calling thread only (torch keeps the mode stack per thread): every
+    torch call of that thread reaches :meth:`_call`. Inside the forward (``in_device()``) calls pass through: the
+    forward's timer has them. Elsewhere an op is timed unless ``in_grammar()`` says a grammar region is open or the call
+    is host-side by nature (``tolist``, ``item``, attribute reads, ...: on a GPU they are CPU work, or a wait).
+    ``device_s`` sums ``time - dispatch_s`` over the timed ops (``dispatch_s``: this machine's cost of a one-element op,
+    :meth:`calibrate`), ``count`` counts them. The mode itself costs every call outside the forward ``overhead_s``
+    (measured by :meth:`calibrate`); ``calls`` counts those calls, so that the probe's own cost can be taken out of the
+    scheduler thread's CPU time (``probe_ms`` of a step record)."""
+
+    # host-side by nature: CPU work on a GPU host too (conversions, shape and attribute reads), never timed as device
+    HOST = frozenset({"__get__", "__set__", "tolist", "item", "numpy", "__iter__", "__len__", "__bool__", "__int__",
+                      "__float__", "__index__", "__repr__", "__format__", "__hash__", "size", "dim", "numel",
+                      "data_ptr", "is_contiguous", "stride", "element_size", "storage_offset", "untyped_storage"})
+
+    def __init__(self, in_device: Callable[[], bool], in_grammar: Callable[[], bool] = lambda: False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._in_device = in_device
+        self._in_grammar = in_grammar
+        self._clock = clock
+        self.dispatch_s = 0.0
+        self.overhead_s = 0.0
+        self.device_s = 0.0
+        self.count = 0
+        self.calls = 0
+        self._mode: Any = None
+        self._in_kernel = False
+        self._owner = threading.get_ident()
+
+    def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self._in_kernel or self._in_device():
+            return func(*args, **kwargs)
+        self.calls += 1
+        if self._in_grammar() or getattr(func, "__name__", "") in self.HOST:
+            return func(*args, **kwargs)
+        return self._timed(func, args, kwargs)
+
+    def _timed(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """One device op: its time beyond a dispatch is device work."""
+        t = self._clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.device_s += max(0.0, self._clock() - t - self.dispatch_s)
+            self.count += 1
+
+    def kernel(self, fn: Callable[..., Any], args: tuple, kwargs: dict, compiled: bool = False) -> Any:
+        """One call of a function that is a single kernel on a GPU but a Python loop of tensor ops here (the
+        ``sgl_kernel`` stand-ins, SGLang's CPU fallbacks of its Triton kernels), or a few fused ones (a
+        ``torch.compile``'d function, ``compiled``: the mode is lifted while it runs, since dynamo's guards would see
+        it and its graphs then run as thousands of separate calls): timed as ONE op, the ops inside it not one by one.
+        On other threads, or inside a forward or grammar region, a plain call."""
+        if (self._in_kernel or threading.get_ident() != self._owner or self._in_device()
+                or self._in_grammar()):
+            return fn(*args, **kwargs)
+        mode = self._mode if compiled else None
+        self._in_kernel = True
+        if mode is not None:
+            mode.__exit__(None, None, None)
+        try:
+            return self._timed(fn, args, kwargs)
+        finally:
+            if mode is not None:
+                mode.__enter__()
+            self._in_kernel = False
+
+    def wrap_kernel(self, fn: Callable[..., Any], compiled: bool = False) -> Callable[..., Any]:
+        """``fn`` with its calls going through :meth:`kernel`."""
+
+        @functools.wraps(fn)
+        def op(*args: Any, **kwargs: Any) -> Any:
+            return self.kernel(fn, args, kwargs, compiled)
+
+        setattr(op, "__eo_kernel_timed__", True)
+        return op
+
+    def enter(self) -> None:
+        """Start timing the calling thread's torch calls (once; the mode stays for the thread's life)."""
+        if self._mode is not None:
+            return
+        self._owner = threading.get_ident()
+        from torch.overrides import TorchFunctionMode
+
+        import torch
+
+        timer = self
+        compiling = torch.compiler.is_compiling
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+                if compiling():  # dynamo tracing a compiled function: trace the op alone, time the graph as CPU
+                    return func(*args, **(kwargs or {}))
+                return timer._call(func, args, kwargs or {})
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+
+    def calibrate(self, reps: int = 400) -> Tuple[float, float]:
+        """Measure ``overhead_s`` (the mode's cost per call: a host-side call with the mode minus without) and
+        ``dispatch_s`` (the timed time of a one-element ``torch.add``), medians of ``reps``; then start the mode if it
+        is not on yet. Call on the thread to time, before anything is counted: the counters are reset."""
+        import torch
+
+        x = torch.ones(1)
+
+        def per_call(fn: Callable[[], Any]) -> float:
+            times = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            times.sort()
+            return times[len(times) // 2]
+
+        on = self._mode is not None
+        if on:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        without = per_call(x.dim)
+        self.enter()
+        with_mode = per_call(x.dim)
+        self.overhead_s = max(0.0, with_mode - without)
+        self.dispatch_s = 0.0
+        adds = []
+        for _ in range(reps):
+            before = self.device_s
+            torch.add(x, 1)
+            adds.append(self.device_s - before)
+        adds.sort()
+        self.dispatch_s = adds[len(adds) // 2]
+        self.device_s, self.count, self.calls = 0.0, 0, 0
+        return self.dispatch_s, self.overhead_s
 
 
 # (module, attribute holding a function or class, method name or None)
@@ -178,6 +336,10 @@ _REGIONS_0_5_23 = (
     ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
 )
+# Single kernels on a GPU that run as Python loops of tensor ops on a CPU engine, timed as one device op each: the
+# ``sgl_kernel`` stand-ins (through their own hook) and SGLang's CPU fallbacks of its Triton kernels (module functions
+# its callers reach through the module's globals).
+_KERNELS = (("sglang.srt.model_executor.forward_batch_info", "compute_position_torch"),)
 # Instrumentation inside a region, not counted: the plugin's stats-file write.
 _EXCLUDED = ("sglang_eagle_overlap.core.step", "GrammarStep", "write_stats")
 # The model forward ("GPU work" on a CPU engine: it runs synchronously on the scheduler thread there).
@@ -235,7 +397,8 @@ class _Recorder:
         self.lock = threading.Lock()
         self.timer = GrammarTimer()
         self.forward = GrammarTimer(marker="__eo_forward_timed__")
-        self.clock = StepClock(self.timer, forward=self.forward)
+        self.ops = TensorOpTimer(lambda: self.forward._depth > 0, lambda: self.timer._depth > 0)
+        self.clock = StepClock(self.timer, forward=self.forward, ops=self.ops)
         # append: several scheduler processes (tensor parallel ranks) may share the file, each line is one write
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
         self._line({"pid": os.getpid()})
@@ -268,6 +431,8 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
     err = _wrap_region(rec.forward, *_FORWARD)
     if err:
         rec.error(f"forward not timed: {err}")
+    if _on_cpu(scheduler):  # a GPU engine's ops are asynchronous launches: the forward timer is its whole story
+        _time_tensor_ops(rec)
 
     run_batch = scheduler.run_batch
 
@@ -283,6 +448,51 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
             rec.clock.launched()
 
     scheduler.run_batch = timed_run_batch
+
+
+def _on_cpu(scheduler: Any) -> bool:
+    """Whether the scheduler's engine runs on the CPU (the CPU runtime), where tensor ops run synchronously."""
+    device = getattr(getattr(scheduler, "server_args", None), "device", None)
+    return device == "cpu" if device is not None else os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+
+
+def _time_tensor_ops(rec: _Recorder) -> None:
+    """Start the tensor-op timer on the calling thread -- the scheduler's: ``Scheduler.__init__`` ran here and its event
+    loop runs here --, route the single-kernel functions through it, and record its per-op dispatch cost."""
+    dispatch_s, overhead_s = rec.ops.calibrate()  # starts the mode
+    _hook_kernels(rec)
+    rec._line({"dispatch_us": dispatch_s * 1e6, "probe_overhead_us": overhead_s * 1e6})
+
+
+def _hook_kernels(rec: _Recorder) -> None:
+    """Time the single-kernel functions (``_KERNELS``, the ``sgl_kernel`` stand-ins, SGLang's ``torch.compile``'d
+    functions) as one device op each."""
+    try:
+        from sgl_kernel import _spec_ops  # the CPU runtime's stand-in; absent on a GPU host (real kernels: one op)
+    except ImportError:
+        _spec_ops = None
+    if _spec_ops is not None and hasattr(_spec_ops, "KERNEL_HOOK"):
+        _spec_ops.KERNEL_HOOK[0] = rec.ops.kernel
+    for module, attr in _KERNELS:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        fn = getattr(mod, attr, None)
+        if fn is None:
+            rec.error(f"kernel not timed as one op: {module}.{attr} not found")
+        elif not getattr(fn, "__eo_kernel_timed__", False):
+            setattr(mod, attr, rec.ops.wrap_kernel(fn))
+    # SGLang's torch.compile'd helpers (``_select_top_k_tokens_later``, ...): wherever a loaded SGLang module holds one
+    wrapped: dict[int, Callable[..., Any]] = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("sglang.") or mod is None:
+            continue
+        for attr, fn in list(vars(mod).items()):
+            if callable(fn) and hasattr(fn, "_torchdynamo_orig_callable") and not attr.startswith("__"):
+                if id(fn) not in wrapped:
+                    wrapped[id(fn)] = rec.ops.wrap_kernel(fn, compiled=True)
+                setattr(mod, attr, wrapped[id(fn)])
 
 
 def _installed_version() -> tuple[int, ...]:
@@ -329,9 +539,10 @@ def write_probe_distribution(directory: str | os.PathLike[str]) -> str:
 
 
 def read_step_times(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The records the scheduler wrote so far (``{"steps": [], "errors": []}`` when none yet). A last line still
-    being written is skipped."""
-    out: dict[str, Any] = {"pid": None, "steps": [], "errors": []}
+    """The records the scheduler wrote so far (``{"pid", "dispatch_us", "steps": [], "errors": []}``: empty when none
+    yet; ``dispatch_us`` the per-op dispatch cost :class:`TensorOpTimer` measured). A last line still being written is
+    skipped."""
+    out: dict[str, Any] = {"pid": None, "dispatch_us": None, "probe_overhead_us": None, "steps": [], "errors": []}
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")
@@ -350,4 +561,7 @@ def read_step_times(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["errors"].append(obj["error"])
         elif "pid" in obj:
             out["pid"] = obj["pid"]
+        elif "dispatch_us" in obj:
+            out["dispatch_us"] = obj["dispatch_us"]
+            out["probe_overhead_us"] = obj.get("probe_overhead_us")
     return out
