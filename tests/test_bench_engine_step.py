@@ -433,3 +433,37 @@ def test_a_compiled_function_runs_without_the_mode_and_counts_as_one_op():
         assert y.tolist() == [2.0, 2.0]
     finally:
         t._mode.__exit__(None, None, None)
+
+
+def test_compiled_sglang_functions_are_wrapped_and_nothing_else():
+    """The scan of loaded SGLang modules: a ``torch.compile``'d function is wrapped (one op, mode lifted) in every
+    module that holds it; a plain function, an object that answers every attribute (an import stand-in: one once
+    crashed the scheduler at start) and modules outside SGLang are left alone."""
+    import torch
+
+    @torch.compile(dynamic=True)
+    def compiled(x):
+        return x + 1
+
+    def plain(x):
+        return x
+
+    class AnswersEverything:
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *a, **k):
+            return self
+
+    stand_in = AnswersEverything()
+    mods = []
+    for name in ("sglang.eo_fake_a", "sglang.eo_fake_b", "other.eo_fake"):
+        mod = types.ModuleType(name)
+        mod.compiled, mod.plain, mod.stand_in = compiled, plain, stand_in
+        mods.append((name, mod))
+    t = step_times.TensorOpTimer(lambda: False)
+    step_times._wrap_compiled(types.SimpleNamespace(ops=t), mods + [("sglang.gone", None)])
+    (_, a), (_, b), (_, other) = mods
+    assert a.compiled is b.compiled and getattr(a.compiled, "__eo_kernel_timed__", False)
+    assert a.compiled.__wrapped__ is compiled and other.compiled is compiled
+    assert a.plain is plain and a.stand_in is stand_in  # (calling the compiled one would compile: seconds)

@@ -60,6 +60,7 @@ import os
 import sys
 import threading
 import time
+import types
 from typing import Any, Callable, Optional, Tuple
 
 __all__ = ["PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "TensorOpTimer", "install", "load",
@@ -483,13 +484,20 @@ def _hook_kernels(rec: _Recorder) -> None:
             rec.error(f"kernel not timed as one op: {module}.{attr} not found")
         elif not getattr(fn, "__eo_kernel_timed__", False):
             setattr(mod, attr, rec.ops.wrap_kernel(fn))
-    # SGLang's torch.compile'd helpers (``_select_top_k_tokens_later``, ...): wherever a loaded SGLang module holds one
+    _wrap_compiled(rec, list(sys.modules.items()))
+
+
+def _wrap_compiled(rec: _Recorder, modules: list[tuple[str, Any]]) -> None:
+    """SGLang's ``torch.compile``'d helpers (``_select_top_k_tokens_later``, ...) as one device op each, the torch
+    function mode lifted while they run (:meth:`TensorOpTimer.kernel`), wherever one of ``modules`` (``(name,
+    module)``; only ``sglang.*`` ones are looked at) holds one."""
     wrapped: dict[int, Callable[..., Any]] = {}
-    for name, mod in list(sys.modules.items()):
+    for name, mod in modules:
         if not name.startswith("sglang.") or mod is None:
             continue
         for attr, fn in list(vars(mod).items()):
-            if callable(fn) and hasattr(fn, "_torchdynamo_orig_callable") and not attr.startswith("__"):
+            # a plain function that dynamo wrapped (not any object answering every attribute, such as a stand-in)
+            if isinstance(fn, types.FunctionType) and "_torchdynamo_orig_callable" in vars(fn):
                 if id(fn) not in wrapped:
                     wrapped[id(fn)] = rec.ops.wrap_kernel(fn, compiled=True)
                 setattr(mod, attr, wrapped[id(fn)])
