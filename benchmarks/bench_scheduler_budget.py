@@ -34,7 +34,8 @@ against it::
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py \
         --before ce5faff --paths inline,inline-forced --batches 8,64 --max-new-tokens 16
 
-Run (one engine at a time: the lock keeps other engine runs off the 2 cores)::
+Run (one engine at a time: the lock keeps other engine runs off the 2 cores; the engines use jemalloc, Debian's
+``libjemalloc2``, unless ``--allocator system``)::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.16/bin/python benchmarks/bench_scheduler_budget.py
