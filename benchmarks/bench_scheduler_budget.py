@@ -67,8 +67,8 @@ BATCHES = (1, 8, 32, 64)
 PATHS = ("inline", "thread")
 # ``thread-noforced``: the grammar thread with grammar-forced drafts off (issue 19), i.e. the verify step before them;
 # ``inline-forced``: the inline path with forced drafts switched on; ``stock``: SGLang without the plugin
-# (``SGLANG_EAGLE_OVERLAP=0``: 0.5.16 takes every grammar decode batch out of the overlap); ``before``: the plugin of the
-# git revision ``--before`` names, with that revision's defaults (its engine in a child process that imports that
+# (``SGLANG_EAGLE_OVERLAP=0``: 0.5.16 takes every grammar decode batch out of the overlap); ``before``: the plugin of
+# the git revision ``--before`` names, with that revision's defaults (its engine in a child process that imports that
 # revision's package), so that a change is measured against the code it replaces in the same run
 ALL_PATHS = ("before", "inline", "inline-forced", "thread-noforced", "thread", "stock")
 VOCAB = 128256
@@ -165,7 +165,8 @@ def markdown(result: Dict[str, Any]) -> str:
         f"full-batch steps, except `(b) mean`.",
         "",
         "(a) = SGLang's own scheduler-thread ms per unconstrained step (step - device work - the probe's own cost: the "
-        "model forward plus the device share of every other tensor op, when the records carry it; else step - forward). "
+        "model forward plus the device share of every other tensor op, when the records carry it; else step - "
+        "forward). "
         "`device` = that device work per step. (b) = extra scheduler-thread "
         "ms per constrained step: grammar calls on the scheduler thread + the grammar thread's GIL bound. `(b) mean` = "
         "the same from the plugin's stats, averaged over every grammar verify step (the slow xgrammar states of "

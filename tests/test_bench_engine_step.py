@@ -342,8 +342,8 @@ def test_install_appends_one_line_per_step_and_wraps_once(tmp_path, monkeypatch)
     with open(path, "a", encoding="utf-8") as f:
         f.write('[1.0, 2.0, 3.0, 4.0, 1.0]\n[1.0, 0.0')  # a last line still being written is skipped
     assert step_times.read_step_times(path)["steps"] == got["steps"] + [[1.0, 2.0, 3.0, 4.0, 1.0]]
-    assert step_times.read_step_times(tmp_path / "none.jsonl") == {"pid": None, "dispatch_us": None,
-                                                                    "probe_overhead_us": None, "steps": [], "errors": []}
+    empty = {"pid": None, "dispatch_us": None, "probe_overhead_us": None, "steps": [], "errors": []}
+    assert step_times.read_step_times(tmp_path / "none.jsonl") == empty
 
 
 def test_the_op_timer_runs_on_a_cpu_engine_only(tmp_path, monkeypatch):

@@ -34,8 +34,8 @@ discover it without installing anything; both may run, the second install is a n
   ``bs x n x vocab`` logits, the draft's top-k, tree building, the ``sgl_kernel`` stand-ins. On a GPU each of them is
   a kernel launch: the scheduler thread pays its dispatch, the device its compute. So the probe counts an op's
   dispatch as CPU work -- this machine's cost of dispatching a one-element op, measured at install -- and the rest
-  of its time as device work. ``step - device`` is then the scheduler thread's own CPU work, what a GPU host's
-  scheduler thread does per step (issue 17's (a)); ``step - forward`` still holds the tensor work too.
+  of its time as device work. ``step - device - probe`` is then the scheduler thread's own CPU work, what a GPU
+  host's scheduler thread does per step (issue 17's (a)); ``step - forward`` still holds the tensor work too.
 
 Regions are timed on the scheduler thread only (the product plugin's grammar thread passes through untimed), and the
 plugin's stats-file write inside a region is not counted (instrumentation).
@@ -43,9 +43,10 @@ plugin's stats-file write inside a region is not counted (instrumentation).
 Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms]``
 (``grammar`` 1.0 when the step's batch held a grammar request, else 0.0; ``device_ms`` = forward + the device share of
 the other tensor ops; ``tensor_ops`` how many such ops ran; ``probe_ms`` what the tensor-op timer itself cost the
-scheduler thread outside the forward: a measurement artefact, taken out with the device work). The file is JSON lines, only ever appended to (name a fresh path per
-engine), one flushed line per recorded step (one small write: a GPU run records thousands of steps, and rewriting a
-whole file per step would cost the scheduler thread milliseconds): a ``{"pid": ...}`` header per scheduler process and
+scheduler thread outside the forward: a measurement artefact, taken out with the device work). The file is JSON lines,
+only ever appended to (name a fresh path per engine), one flushed line per recorded step (one small write: a GPU run
+records thousands of steps, and rewriting a whole file per step would cost the scheduler thread milliseconds): a
+``{"pid": ...}`` header per scheduler process and
 its calibration ``{"dispatch_us": ..., "probe_overhead_us": ...}``, then one record list per step and ``{"error": ...}``
 objects. :func:`read_step_times` returns ``{"pid", "dispatch_us", "probe_overhead_us", "steps": [...], "errors":
 [...]}``.
