@@ -235,7 +235,7 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     threaded = path.startswith("thread")
     forced = {"thread-noforced": False, "inline-forced": True}.get(path)
     if path == "before":  # the revision's default unless --before-forced says otherwise
-        forced = {"on": True, "off": False}.get(getattr(args, "before_forced", None) or "")
+        forced = {"on": True, "off": False}.get(args.before_forced or "")
     # the switches go through EngineConfig: the CPU runtime sets them for the scheduler and clears what it does not set
     # (``before``: unset, the revision's own defaults)
     stock = path == "stock"

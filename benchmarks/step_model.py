@@ -46,7 +46,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -57,11 +57,6 @@ MEASURED_REV = "before"  # the budget file's path holding the revision the H200 
 NEW_PATH = "inline"  # this checkout's default path
 
 Cell = Tuple[str, int]
-
-
-def _median(xs: Iterable[float]) -> Optional[float]:
-    xs = list(xs)
-    return statistics.median(xs) if xs else None
 
 
 def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]:
@@ -76,12 +71,14 @@ def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]
                 pooled.setdefault(key, []).extend(s for s in rnd["steps"] if int(s[3]) == int(raw["bs"]))
     cells: Dict[Cell, Dict[str, float]] = {}
     for (spec, bs, variant), steps in pooled.items():
+        if not steps:  # no full-batch record of this variant
+            continue
         c = cells.setdefault((spec, bs), {})
         if variant == "unconstrained":
-            c["G"] = _median(s[0] for s in steps)  # type: ignore[assignment]
-            c["R"] = _median(s[2] for s in steps)  # type: ignore[assignment]
+            c["G"] = statistics.median(s[0] for s in steps)
+            c["R"] = statistics.median(s[2] for s in steps)
         elif variant == "json-inline":
-            c["inline"] = _median(s[0] for s in steps)  # type: ignore[assignment]
+            c["inline"] = statistics.median(s[0] for s in steps)
     return {k: v for k, v in cells.items() if "G" in v and "R" in v}
 
 
@@ -110,9 +107,14 @@ def cpu_cells(budget: Dict[str, Any], paths: Sequence[str]) -> Dict[Cell, Dict[s
     return out
 
 
+def margin(g: float, k: float, a: float, b: float) -> float:
+    """``G - k (a + b)``: the CPU work still hidden under the GPU's (negative: the scheduler thread sets the step)."""
+    return g - k * (a + b)
+
+
 def predict(g: float, k: float, a: float, b: float) -> float:
     """``max(G, k (a + b))`` (module docstring)."""
-    return max(g, k * (a + b))
+    return g - min(0.0, margin(g, k, a, b))
 
 
 def fit_k(r_gpu: float, r_here: float) -> float:
@@ -129,8 +131,9 @@ def evaluate(gpu: Dict[Cell, Dict[str, float]], cpu: Dict[Cell, Dict[str, float]
     if fit_cell not in gpu or fit_cell not in cpu:
         raise ValueError(f"fit cell {fit_cell} needs both an H200 measurement and this machine's CPU terms")
     k = fit_k(gpu[fit_cell]["R"], cpu[fit_cell]["r"])
+    cells = sorted(set(gpu) & set(cpu))
     rows: List[Dict[str, Any]] = []
-    for cell in sorted(set(gpu) & set(cpu)):
+    for cell in cells:
         g, c = gpu[cell], cpu[cell]
         row: Dict[str, Any] = {"spec": cell[0], "bs": cell[1], "G": g["G"], "fit": cell == fit_cell,
                                "R_gpu": g["R"], "R_pred": k * c["r"], "R_error": k * c["r"] / g["R"] - 1,
@@ -143,14 +146,13 @@ def evaluate(gpu: Dict[Cell, Dict[str, float]], cpu: Dict[Cell, Dict[str, float]
         if b_new is not None:
             pred = predict(g["G"], k, c["a"], b_new)
             row.update(b_new=b_new, pred_new=pred, pred_new_over_G=pred / g["G"] - 1,
-                       margin_ms=g["G"] - k * (c["a"] + b_new))
+                       margin_ms=margin(g["G"], k, c["a"], b_new))
         rows.append(row)
     # the same model fitted on each cell in turn: does the new path's verdict depend on which cell set k?
     by_fit = []
-    for cell in sorted(set(gpu) & set(cpu)):
+    for cell in cells:
         kc = fit_k(gpu[cell]["R"], cpu[cell]["r"])
-        margins = [gpu[c]["G"] - kc * (cpu[c]["a"] + cpu[c][f"b_{new}"]) for c in sorted(set(gpu) & set(cpu))
-                   if f"b_{new}" in cpu[c]]
+        margins = [margin(gpu[c]["G"], kc, cpu[c]["a"], cpu[c][f"b_{new}"]) for c in cells if f"b_{new}" in cpu[c]]
         by_fit.append({"spec": cell[0], "bs": cell[1], "k": kc, "min_margin_ms": min(margins) if margins else None})
     r_oos = [abs(r["R_error"]) for r in rows if not r["fit"]]
     s_oos = [abs(r["step_error"]) for r in rows if "step_error" in r]

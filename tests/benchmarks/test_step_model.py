@@ -82,6 +82,13 @@ def test_out_of_sample_error_is_reported_not_absorbed(sm):
     assert res["max_step_error"] == pytest.approx(1 - 1 / 1.10)
 
 
+def test_a_variant_without_full_batch_records_gives_no_cell(sm):
+    """A cell whose unconstrained run never held the whole batch has no G: it is left out, not read as None."""
+    raw = [{"shape": "topk4", "bs": 64, "variant": "unconstrained", "rounds": [{"steps": [[9.0, 0, 2.0, 63, 0, 0]]}]},
+           {"shape": "topk1", "bs": 8, "variant": "unconstrained", "rounds": [{"steps": [[7.0, 0, 2.0, 8, 0, 0]]}]}]
+    assert sm.gpu_cells([{"raw": raw}]) == {("topk1", 8): {"G": 7.0, "R": 2.0}}
+
+
 def test_fit_cell_needs_both_machines(sm):
     gpu, cpu = _world(sm, k_true=0.5)
     with pytest.raises(ValueError, match="fit cell"):
