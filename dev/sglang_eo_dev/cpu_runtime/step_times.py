@@ -470,10 +470,10 @@ def _hook_kernels(rec: _Recorder) -> None:
     """Time the single-kernel functions (``_KERNELS``, the ``sgl_kernel`` stand-ins, SGLang's ``torch.compile``'d
     functions) as one device op each."""
     try:
-        from sgl_kernel import _spec_ops  # the CPU runtime's stand-in; absent on a GPU host (real kernels: one op)
-    except ImportError:
+        from sgl_kernel import _spec_ops  # the CPU runtime's stand-in
+    except ImportError:  # a CPU engine without it cannot run EAGLE; nothing to route
         _spec_ops = None
-    if _spec_ops is not None and hasattr(_spec_ops, "KERNEL_HOOK"):
+    if _spec_ops is not None:
         _spec_ops.KERNEL_HOOK[0] = rec.ops.kernel
     for module, attr in _KERNELS:
         try:
