@@ -13,6 +13,7 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 | ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
 | ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the barrier advance and the mask build run on a grammar thread started \
 before the target-verify launch, joined before sampling; ``0``: inline on the scheduler thread after the launch | 0 |
+| ``SGLANG_EAGLE_OVERLAP_NATIVE`` | ``1``: the batch's xgrammar calls (tree walk, ledger feed) go through the plugin's native module, built on first use with the system C++ compiler; a failed build is an error; ``0``: Python only; unset: ``auto``, native when it builds (a warning otherwise) | auto |
 | ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only; unset: ``auto``, on for STANDALONE only | auto |
 """
 
@@ -34,6 +35,7 @@ ENV = {
     "timeline_file": "SGLANG_EAGLE_OVERLAP_TIMELINE_FILE",
     "grammar_thread": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
+    "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
 }
 # Grammar-forced drafts (issue 19): ``None`` is "auto", on where the draft model does not know the output's structure
 # (STANDALONE: a generic small model drafts) and off for drafts trained on the target's outputs (EAGLE, EAGLE3, NEXTN).
@@ -73,6 +75,7 @@ class Settings:
     timeline_file: Optional[str] = None
     grammar_thread: bool = DEFAULT_GRAMMAR_THREAD
     forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
+    native: Optional[bool] = None  # None: auto (native when it builds), True: required, False: Python only
 
     def forced_drafts_for(self, algorithm: str) -> bool:
         """Whether grammar-forced drafts run for speculative ``algorithm`` (its SGLang name, e.g. ``EAGLE3``): the
@@ -106,6 +109,7 @@ class Settings:
         limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
         grammar_thread = flag("grammar_thread", DEFAULT_GRAMMAR_THREAD)
         forced_drafts = optional_flag("forced_drafts")
+        native = optional_flag("native")
         interval_raw = get("log_interval_s")
         interval = 30.0 if not interval_raw else _number(ENV["log_interval_s"], interval_raw, float, 0.0)
         return cls(
@@ -117,6 +121,7 @@ class Settings:
             timeline_file=get("timeline_file") or None,
             grammar_thread=grammar_thread,
             forced_drafts=forced_drafts,
+            native=native,
         )
 
 

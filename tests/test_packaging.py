@@ -213,3 +213,13 @@ def test_fake_wheel_is_what_pip_installs(tmp_path):
     out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert Version(out) == Version("0.5.20")
+
+
+def test_the_wheel_ships_the_native_source(wheelhouse):
+    """``core/native.py`` compiles ``native/grammar_batch.cc`` on first use: an installed wheel must carry it."""
+    import zipfile
+
+    wheel = next(wheelhouse.glob("sglang_eagle_overlap-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "sglang_eagle_overlap/native/grammar_batch.cc" in names
+    assert "sglang_eagle_overlap/core/native.py" in names

@@ -144,6 +144,27 @@ def test_settings_are_read_once_into_one_object():
         assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": raw}).forced_drafts is want
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": "sometimes"})
+    row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_NATIVE" in line)
+    assert d.native is None and row.rstrip().endswith("| auto |")
+    for raw, want in (("1", True), ("0", False), ("", None)):
+        assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_NATIVE": raw}).native is want
+    with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_NATIVE"):
+        Settings.from_env({"SGLANG_EAGLE_OVERLAP_NATIVE": "fast"})
+
+
+def test_the_runtime_loads_the_native_module_unless_switched_off():
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.settings import Settings
+
+    for switch in (None, True, False):
+        runtime.reset()
+        try:
+            step = runtime.create(Settings(native=switch)).step
+            assert step.native is None  # nothing loads before the first mask build
+            assert (step.builder.native is not None) is (switch is not False)
+            assert step.ledger.native is step.builder.native
+        finally:
+            runtime.reset()
 
 
 def test_the_runtime_has_forced_drafts_exactly_when_switched_on():

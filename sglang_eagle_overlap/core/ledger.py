@@ -35,12 +35,19 @@ the refused first token is found terminated (as through the wrapper), not report
 (never on a replay) it calls ``f(grammar, outcome)``, so the caller can record the run on the wrapper as the wrapper
 itself would have. The outcome is the same as through the wrapper, but for a rejection's message (the wrapper's
 exception text is not there to quote).
+
+Batched native feed (``AcceptLedger(native=...)``, :mod:`sglang_eagle_overlap.core.native`): the fresh runs of one
+:meth:`AcceptLedger.advance_many` whose matcher is a plain ``xgrammar.GrammarMatcher`` are fed in one C++ call after
+the batch is checked, with the outcomes of the per-run feed above (a second run of the same request in one call is
+fed after the first). Checks, replays, errors and the bookkeeping stay here, run by run.
 """
 
 from __future__ import annotations
 
 from typing import (Any, Callable, Collection, Dict, Hashable, Iterable, List, NamedTuple, Optional, Protocol, Sequence,
                     Tuple, Union)
+
+from sglang_eagle_overlap.core.native import REJECTED, TERMINATED, TERMINATED_BEFORE, NativeGrammar
 
 __all__ = [
     "AdvanceOutcome",
@@ -101,6 +108,9 @@ Run = Tuple[Hashable, GrammarLike, int, Sequence[int], Optional[MatcherLike]]
 AdvanceResult = Union[AdvanceOutcome, LedgerError]
 
 
+_PENDING = AdvanceOutcome(-1, (), (), False, "pending native feed")  # a slot of advance_many's result, filled later
+
+
 class _Entry:
     """``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
     only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key."""
@@ -117,10 +127,13 @@ class _Entry:
 class AcceptLedger:
     """Exactly-once grammar advance keyed by (request identity, output position). Not thread-safe: one scheduler."""
 
-    def __init__(self, history: int = 8) -> None:
+    def __init__(self, history: int = 8, native: Optional[NativeGrammar] = None) -> None:
         if history < 1:
             raise ValueError(f"history must be >= 1, got {history}")
         self._history = history
+        # Native batch feed (core/native.py): the fresh runs of one ``advance_many`` through plain xgrammar matchers
+        # are fed in one native call ("Native feed", module docstring); None: one Python feed per run.
+        self.native = native
         self._entries: Dict[Hashable, _Entry] = {}
         self.tokens_fed = 0  # observable: total tokens fed to matchers by this ledger
         self.replays = 0  # observable: runs asked again and answered from the history (nothing fed)
@@ -158,10 +171,16 @@ class AcceptLedger:
         nothing, the others go on). A whole batch's runs go through here: per run it is one loop body instead of a
         stack of calls (issue 17: the barrier's Python time per request)."""
         entries = self._entries
-        limit = self._history
+        native = self.native
         out: List[AdvanceResult] = []
+        # Fresh runs waiting for the one native call: (index in out, key, entry, start, tokens, grammar, matcher).
+        batch: List[Tuple[int, Hashable, _Entry, int, Tuple[int, ...], Any, Any]] = []
+        batched: set[Hashable] = set()
         for key, grammar, start, tokens, matcher in runs:
             toks = tuple(map(int, tokens))
+            if key in batched:  # a second run of a request in one call: its first must be fed before it is checked
+                self._feed_batch(batch, out, on_feed)
+                batch, batched = [], set()
             entry = entries.get(key)
             if entry is None or entry.grammar is not grammar:
                 # First sight of this request (or of its rebuilt matcher): it has consumed exactly the tokens before
@@ -183,20 +202,51 @@ class AcceptLedger:
                 continue
             if matcher is None:
                 outcome = _feed(grammar, start, toks)
+            elif native is not None and type(matcher) is native.matcher_type:
+                batch.append((len(out), key, entry, start, toks, grammar, matcher))
+                batched.add(key)
+                out.append(_PENDING)
+                continue
             else:
                 outcome = _feed_matcher(matcher, entry.live, start, toks)
                 if on_feed is not None:
                     on_feed(grammar, outcome)
-            retained = len(outcome.retained)
-            entry.live = not outcome.terminated and outcome.error is None
-            self.tokens_fed += retained
-            # A run that was cut (termination / rejection) moves ``consumed`` only past what the matcher really took.
-            entry.consumed = start + retained
-            history[start] = outcome
-            if len(history) > limit:  # one run in, at most one out (the oldest: _Entry)
-                del history[next(iter(history))]
-            out.append(outcome)
+            out.append(self._record(entry, start, outcome))
+        if batch:
+            self._feed_batch(batch, out, on_feed)
         return out
+
+    def _feed_batch(self, batch: List[Tuple[int, Hashable, _Entry, int, Tuple[int, ...], Any, Any]],
+                    out: List[AdvanceResult], on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> None:
+        """Feed the batched fresh runs in one native call and record each outcome in its slot of ``out``."""
+        native = self.native
+        assert native is not None
+        handles = [b[6]._handle for b in batch]
+        results = native.feed_runs(handles, [b[4] for b in batch], [b[2].live for b in batch])
+        for (slot, _key, entry, start, toks, grammar, _m), (kept, state) in zip(batch, results):
+            if state == TERMINATED_BEFORE:
+                outcome = AdvanceOutcome(start, toks, (), True, None)
+            elif state == REJECTED:
+                outcome = AdvanceOutcome(start, toks, toks[:kept], False,
+                                         f"grammar rejected token {toks[kept]} at output position {start + kept}")
+            else:
+                outcome = AdvanceOutcome(start, toks, toks[:kept], state == TERMINATED, None)
+            if on_feed is not None:
+                on_feed(grammar, outcome)
+            out[slot] = self._record(entry, start, outcome)
+
+    def _record(self, entry: _Entry, start: int, outcome: AdvanceOutcome) -> AdvanceOutcome:
+        """Book a fresh run's outcome on its entry (consumed, liveness, history) and return it."""
+        retained = len(outcome.retained)
+        entry.live = not outcome.terminated and outcome.error is None
+        self.tokens_fed += retained
+        # A run that was cut (termination / rejection) moves ``consumed`` only past what the matcher really took.
+        entry.consumed = start + retained
+        history = entry.history
+        history[start] = outcome
+        if len(history) > self._history:  # one run in, at most one out (the oldest: _Entry)
+            del history[next(iter(history))]
+        return outcome
 
     def forget(self, key: Hashable) -> None:
         """Drop a request that left the engine (finished, aborted). Safe to call for unknown keys."""

@@ -25,6 +25,12 @@ Strategies (``MaskStrategy``):
 * ``"auto"`` -- ``lockstep`` (measured fastest or on par at every shape of ``benchmarks/bench_grammar_step.py``,
   with one or more threads).
 
+With the plugin's native module (``TreeMaskBuilder(native=...)``, :mod:`sglang_eagle_overlap.core.native`), the
+lockstep walk runs as one C++ call per build (``_native_batch_walk``): the same rows, the same matcher states after
+it, the same time-limit contract, without a Python frame or a GIL round trip per node. It applies to batches of plain
+``xgrammar.GrammarMatcher`` rows on a host mask, on the real clock and without forced-draft recording; anything else
+takes the Python walk below.
+
 Failures: a grammar that raises during the build (a host grammar object's method, or xgrammar inside the batched
 native walk, which is then redone request by request through the exact walk to find the culprit) fails that request
 alone: it is reported in ``TreeMask.failed`` with the error, its rows are left all-allowed and its matcher is rolled
@@ -43,11 +49,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Generic, List, Literal, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, List, Literal, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import torch
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
+from sglang_eagle_overlap.core.native import NativeGrammar
 from sglang_eagle_overlap.core.protocols import WalkMatcher
 
 if TYPE_CHECKING:
@@ -123,6 +130,7 @@ class TreeMaskBuilder:
         time_limit_s: Optional[float] = None,
         pin_memory: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        native: Optional[NativeGrammar] = None,
     ) -> None:
         if strategy not in ("auto", "lockstep", "native", "python"):
             raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
@@ -133,6 +141,7 @@ class TreeMaskBuilder:
         self.time_limit_s = time_limit_s
         self.pin_memory = pin_memory
         self.clock = clock
+        self.native = native  # the native walk (core/native.py), used where it applies (``build``); None: Python's
         self._batch_matcher: Optional[xgr.BatchGrammarMatcher] = None
         self._serial_matcher: Optional[xgr.BatchGrammarMatcher] = None
         # Lockstep thread policy: waking xgrammar's C++ pool costs ~0.1 ms on an idle host and up to several ms on a
@@ -158,6 +167,7 @@ class TreeMaskBuilder:
         # observable: CPU time of the calling thread inside GIL-free native calls (batched fills) since creation; a
         # grammar thread's CPU time minus this bounds the GIL time it took from the scheduler thread.
         self.native_cpu_s = 0.0
+        self.native_walks = 0  # observable: builds whose walk went through the native module in one call
 
     # -- buffers -------------------------------------------------------------------------------------------------
     def _bitmask(self, rows: int, width: int) -> Tuple[torch.Tensor, List[int]]:
@@ -253,11 +263,17 @@ class TreeMaskBuilder:
         else:
             mask, stale = self._bitmask(bs * n, width)
         written: List[int] = []  # rows this build may leave other than all-allowed (the sparse reset's next input)
-        nxt = retrieve_next_token.tolist()
-        sib = retrieve_next_sibling.tolist()
-        tok = draft_tokens.reshape(bs, n).tolist()
+        native = [i for i in constrained if requests[i].matcher is not None]
+        generic = [i for i in constrained if requests[i].matcher is None]
+        # The native walk (core/native.py): the lockstep walk in one C++ call, for a batch of plain xgrammar matchers
+        # on a host mask, without forced-draft recording and on the real clock (an injected clock is Python's).
+        handles = None
+        if (self.native is not None and native and self.strategy == "lockstep" and forced is None
+                and self.clock is time.perf_counter and mask.device.type == "cpu"):
+            handles = self.native.handles([requests[i].matcher for i in native])
+        lists = None if handles is not None else _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
         limit = self.time_limit_s if allow_timeout else None
-        if self.strategy == "lockstep":
+        if self.strategy == "lockstep" and handles is None:
             self._ensure_batch_matchers()
         if forced is not None:
             forced.begin(bs * n)
@@ -265,12 +281,16 @@ class TreeMaskBuilder:
         # allocation on a GPU host --, the fill thread pool) must never make a request drop its drafts.
         clock = self.clock
         deadline = None if limit is None else clock() + limit
-        native = [i for i in constrained if requests[i].matcher is not None]
-        generic = [i for i in constrained if requests[i].matcher is None]
         result = TreeMask(bitmask=mask)
         if native:
             try:
-                if self.strategy == "lockstep":
+                if handles is not None:
+                    result.valid_nodes += self._native_batch_walk(handles, native, retrieve_next_token,
+                                                            retrieve_next_sibling, draft_tokens, vocab_size, mask,
+                                                            deadline, result.timed_out, written)
+                elif self.strategy == "lockstep":
+                    assert lists is not None
+                    nxt, sib, tok = lists
                     result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask,
                                                          deadline, result.timed_out, forced, written)
                 elif self.strategy == "native":
@@ -291,7 +311,11 @@ class TreeMaskBuilder:
                 result.timed_out.clear()
                 result.valid_nodes = 0
                 generic = generic + native
+        if generic and lists is None:
+            lists = _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
         for i in generic:
+            assert lists is not None
+            nxt, sib, tok = lists
             written.extend(range(i * n, (i + 1) * n))
             if stale:  # a host grammar's fill need not overwrite its whole row: start it from all-allowed
                 _fill_all_allowed(mask[i * n : (i + 1) * n])
@@ -321,6 +345,31 @@ class TreeMaskBuilder:
         return result
 
     # -- strategies ----------------------------------------------------------------------------------------------
+    def _native_batch_walk(self, handles: List[Any], rows: List[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
+                     tok_t: torch.Tensor, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
+                     timed_out: List[int], written: List[int]) -> int:
+        """:meth:`_lockstep` in one native call (``NativeGrammar.walk_trees``): the same rows, the same matcher states
+        after it, the same time-limit contract (roots always exact; a request cut by the deadline keeps only its root
+        row). Spread over ``threads`` only when the batch's estimated fill work is worth a pool's wake-up, as the
+        Python walk's rounds are."""
+        assert self.native is not None
+        k = len(rows)
+        pooled = self.threads > 1 and k >= self.parallel_min_fills and k * self._fill_cost_s >= self.parallel_min_work_s
+        threads = self.threads if pooled else 1
+        t = time.perf_counter()
+        c = time.thread_time()
+        budget = None if deadline is None else deadline - self.clock()
+        status, wrote, valid = self.native.walk_trees(handles, rows, nxt_t, sib_t, tok_t, mask, vocab_size, budget,
+                                                      threads)
+        self.native_cpu_s += time.thread_time() - c  # tvm-ffi releases the GIL for the whole call
+        self.native_walks += 1
+        if valid:
+            per_fill = (time.perf_counter() - t) / valid * threads
+            self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
+        written.extend(wrote)
+        timed_out.extend(i for i, st in zip(rows, status) if st <= -2)
+        return valid
+
     def _native(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
                 tok_t: torch.Tensor, n: int, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
                 timed_out: List[int]) -> int:
@@ -444,6 +493,12 @@ class TreeMaskBuilder:
                 valid += len(fill_matchers)
             active = still
         return valid
+
+
+def _tree_lists(nxt: torch.Tensor, sib: torch.Tensor, tok: torch.Tensor) -> Tuple[List[List[int]], List[List[int]],
+                                                                                List[List[int]]]:
+    """The tree as nested lists (``[bs][n]`` each), for the Python walks."""
+    return nxt.tolist(), sib.tolist(), tok.reshape(nxt.shape).tolist()
 
 
 def _root_child_allowed(nxt: Sequence[int], sib: Sequence[int], tok: Sequence[int], root_row: npt.NDArray[np.int32],

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, Lis
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.ledger import AcceptLedger, AdvanceOutcome, GrammarLike, LedgerError, MatcherLike, Run
 from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
+from sglang_eagle_overlap.core.native import NativeGrammar
 from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
 from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
 from sglang_eagle_overlap.core.timeline import Timeline
@@ -137,6 +138,7 @@ class GrammarStep:
         state: Optional[Callable[[], Mapping[str, StatValue]]] = None,
         grammar_thread: bool = False,
         forced: Optional[ForcedDrafts] = None,
+        native: Optional[Callable[[], Optional[NativeGrammar]]] = None,
     ) -> None:
         self.copier = HostTreeCopier()
         self.ledger = AcceptLedger()
@@ -161,6 +163,11 @@ class GrammarStep:
         # Grammar-forced drafts (issue 19): filled during the build, uploaded with the mask; None = off.
         self.forced = forced
         self._forced_seen = (0, 0)  # (proposed, accepted) already reported to the exporter
+        # The native batch calls (core/native.py): loaded when the first mask build creates the builder (a build may
+        # compile it, once per environment; SGLang processes that never verify never load it), then shared by the
+        # builder and the ledger. None: Python only.
+        self._native_loader = native
+        self.native: Optional[NativeGrammar] = None
 
     @property
     def builder(self) -> TreeMaskBuilder:
@@ -170,7 +177,11 @@ class GrammarStep:
                 import torch
 
                 pin = bool(torch.cuda.is_available())
-            self._builder = TreeMaskBuilder(threads=self._threads, time_limit_s=self._limit_s, pin_memory=pin)
+            if self._native_loader is not None:
+                self.native = self._native_loader()
+                self.ledger.native = self.native
+            self._builder = TreeMaskBuilder(threads=self._threads, time_limit_s=self._limit_s, pin_memory=pin,
+                                            native=self.native)
         return self._builder
 
     # -- 1. before the verify launch ---------------------------------------------------------------------------
@@ -420,6 +431,7 @@ class GrammarStep:
             "helper_gil_s": s.helper_gil_s,
             "grammar_thread": self.grammar_thread,
             "forced_drafts": self.forced is not None,
+            "native": self.native is not None,
             "tokens_advanced": self.ledger.tokens_fed,
             "ledger_requests": len(self.ledger),
             "pinned_allocations": self.copier.pinned_allocations,

@@ -9,11 +9,13 @@ receives the runtime as an argument.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Set, Union
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
+from sglang_eagle_overlap.core.native import NativeGrammar, NativeUnavailable, load_native
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.settings import Settings, SettingsError
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
-__all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "reset"]
+__all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "load_native_for", "reset"]
 
 
 @dataclass
@@ -68,11 +70,29 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         grammar_thread=settings.grammar_thread,
         # auto (None): created, then kept or dropped at the first verify, by its algorithm (drafts.before_verify)
         forced=ForcedDrafts() if settings.forced_drafts is not False else None,
+        native=None if settings.native is False else functools.partial(load_native_for, settings.native),
     )
     rt = Runtime(settings=settings, step=step, origin=origin)
     holder.append(rt)
     _process[0] = rt
     return rt
+
+
+def load_native_for(required: Optional[bool]) -> Optional[NativeGrammar]:
+    """The native module for this process (``Settings.native``: None = auto, True = required). Auto: a module that
+    cannot be built or loaded is a WARNING and the grammar work stays in Python (same results, slower steps);
+    required: it is an error that names the cause."""
+    try:
+        native = load_native()
+    except NativeUnavailable as exc:
+        if required:
+            raise RuntimeError(f"sglang-eagle-overlap: SGLANG_EAGLE_OVERLAP_NATIVE=1 but the native module is "
+                               f"unavailable: {exc}") from exc
+        logger.warning("sglang-eagle-overlap: native batch calls unavailable, the grammar work stays in Python: %s",
+                       exc)
+        return None
+    logger.info("sglang-eagle-overlap: native batch calls loaded from %s", native.path)
+    return native
 
 
 def current() -> Optional[Runtime]:

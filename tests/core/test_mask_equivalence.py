@@ -27,10 +27,12 @@ from typing import List, Optional
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from sglang_eagle_overlap.integration.requests import mask_request_for
 from sglang_eagle_overlap.core import TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
 from sglang_eo_dev.helpers.trees import Tree, allowed_tokens, eagle_tree, stack_trees
 
@@ -38,7 +40,14 @@ G.ensure_sglang_importable()
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject  # noqa: E402
 from sglang.srt.speculative import spec_utils  # noqa: E402
 
-CONFIGS = [(s, t) for s in ("lockstep", "native", "python") for t in (1, 2)]
+# "lockstep+cxx": the lockstep walk through the plugin's native module (core/native.py), one call per build.
+CONFIGS = [(s, t) for s in ("lockstep", "lockstep+cxx", "native", "python") for t in (1, 2)]
+
+
+def make_builder(strategy: str, threads: int, **kw) -> TreeMaskBuilder:
+    if strategy == "lockstep+cxx":
+        return TreeMaskBuilder(strategy="lockstep", threads=threads, native=native(), **kw)
+    return TreeMaskBuilder(strategy=strategy, threads=threads, **kw)
 SHAPES = [(1, 3, 4), (1, 5, 6), (4, 3, 8), (4, 4, 13), (8, 5, 41), (8, 5, 64)]
 
 
@@ -124,12 +133,14 @@ class Scenario:
         for strategy, threads in configs:
             before = [(G.next_token_bitmask(r.grammar.matcher, self.vocab), len(r.grammar.accepted_tokens))
                       for r in self.ours if r.grammar is not None]
-            builder = TreeMaskBuilder(strategy=strategy, threads=threads)
+            builder = make_builder(strategy, threads)
             if threads > 1:
                 # Every lockstep round on the C++ thread pool (the policy is only a speed knob).
                 builder.parallel_min_fills, builder.parallel_min_work_s = 1, 0.0
             got = builder.build(reqs, self.nxt, self.sib, self.tok, self.vocab)
             label = f"strategy={strategy} threads={threads}"
+            native_rows = any(isinstance(q.matcher, xgr.GrammarMatcher) for q in reqs)
+            assert builder.native_walks == (strategy == "lockstep+cxx" and native_rows and ref is not None), label
             if ref is None:
                 assert got.bitmask is None, label
                 continue
@@ -267,17 +278,17 @@ def test_non_xgrammar_object_takes_python_walk():
     assert any(r.grammar.calls for r in sc.ours if r.grammar is not None)
 
 
-@pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])
+@pytest.mark.parametrize("strategy", ["lockstep", "lockstep+cxx", "native", "python"])
 def test_time_limit(strategy):
     """Timed-out requests: reported, root row exact, other rows -1, matcher restored; drafts neutralised."""
     sc = Scenario("nested", 128000, 8, 5, 64, 3, seed=16, near_end=0.0)
     ref = sc.reference()
     reqs = [mask_request_for(r) for r in sc.ours]
     before = [G.next_token_bitmask(r.grammar.matcher, sc.vocab) for r in sc.ours]
-    builder = TreeMaskBuilder(strategy=strategy, threads=2, time_limit_s=1e-9)
+    builder = make_builder(strategy, 2, time_limit_s=1e-9)
     got = builder.build(reqs, sc.nxt, sc.sib, sc.tok, sc.vocab)
     n = sc.n
-    if strategy in ("lockstep", "python"):
+    if strategy in ("lockstep", "lockstep+cxx", "python"):
         assert sorted(got.timed_out) == [0, 1, 2]
     else:
         assert got.timed_out, "a 64-node tree over a 128k vocabulary cannot be traversed in 1 us"
@@ -292,7 +303,7 @@ def test_time_limit(strategy):
         after = G.next_token_bitmask(sc.ours[i].grammar.matcher, sc.vocab)
         assert torch.equal(after, before[i]), f"req {i}: matcher not restored"
     # Matchers stay usable: a build without a limit is exact afterwards.
-    again = TreeMaskBuilder(strategy=strategy, threads=2).build(reqs, sc.nxt, sc.sib, sc.tok, sc.vocab)
+    again = make_builder(strategy, 2).build(reqs, sc.nxt, sc.sib, sc.tok, sc.vocab)
     assert torch.equal(again.bitmask, ref)
 
     draft = sc.tok.reshape(-1).clone()

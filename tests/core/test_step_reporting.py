@@ -24,7 +24,7 @@ from sglang_eagle_overlap.core.stats import COUNTERS
 from sglang_eo_dev.helpers.grammars import Recorder
 
 BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
-             "join_wait_s", "helper_gil_s", "grammar_thread", "forced_drafts", "tokens_advanced", "ledger_requests",
+             "join_wait_s", "helper_gil_s", "grammar_thread", "forced_drafts", "native", "tokens_advanced", "ledger_requests",
              "pinned_allocations", "pid", "forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted",
              "forced_nodes",
              "rank", "world_size", *COUNTERS}

@@ -84,6 +84,7 @@ class EngineConfig:
     tp_size: int = 1  # > 1: one scheduler process per TP rank, collectives over gloo (see cpu_env)
     forced_drafts: Optional[bool] = None  # SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS for the product plugin (None: its default)
     grammar_thread: Optional[bool] = None  # SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD for the product plugin (None: its default)
+    native: Optional[bool] = None  # SGLANG_EAGLE_OVERLAP_NATIVE for the product plugin (None: its default, auto)
     extra: tuple[tuple[str, Any], ...] = ()  # further sglang.Engine keyword arguments
 
     def describe(self) -> str:
@@ -95,6 +96,7 @@ class EngineConfig:
             + (f"-tp{self.tp_size}" if self.tp_size > 1 else "")
             + ("" if self.forced_drafts is None else f"-forced{'on' if self.forced_drafts else 'off'}")
             + ("" if self.grammar_thread is None else f"-thread{'on' if self.grammar_thread else 'off'}")
+            + ("" if self.native is None else f"-native{'on' if self.native else 'off'}")
         )
 
 
@@ -161,6 +163,9 @@ def _think_pair(cfg: EngineConfig) -> models.ModelPair:
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 FORCED_ENV = ENV["forced_drafts"]  # the product plugin's forced-draft switch (EngineConfig.forced_drafts)
 THREAD_ENV = ENV["grammar_thread"]  # the product plugin's grammar-thread switch (EngineConfig.grammar_thread)
+# the product plugin's native-module switch (EngineConfig.native); a literal fallback for older plugin revisions that
+# benchmarks run side by side (bench_scheduler_budget --before), whose ENV has no such key
+NATIVE_ENV = ENV.get("native", "SGLANG_EAGLE_OVERLAP_NATIVE")
 
 
 def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
@@ -175,10 +180,11 @@ def threads_bind(ranks: int, cores: Optional[int] = None) -> str:
 
 
 def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1,
-            forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None) -> dict[str, str]:
+            forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None,
+            native: Optional[bool] = None) -> dict[str, str]:
     """The environment variables (to add to ``os.environ``) an SGLang CPU test process needs; ``ranks`` > 1 (TP)
-    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`); ``forced_drafts`` / ``grammar_thread`` set the plugin's
-    forced-draft / grammar-thread switch (None: unset, the plugin's default)."""
+    adds :data:`THREADS_BIND_ENV` (:func:`threads_bind`); ``forced_drafts`` / ``grammar_thread`` / ``native`` set the
+    plugin's forced-draft / grammar-thread / native-module switch (None: unset, the plugin's default)."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if SITE_DIR not in paths:
         paths.insert(0, SITE_DIR)
@@ -194,19 +200,20 @@ def cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, rank
         env[STATS_ENV] = str(stats_file)
     if ranks > 1:
         env[THREADS_BIND_ENV] = threads_bind(ranks)
-    for var, value in ((FORCED_ENV, forced_drafts), (THREAD_ENV, grammar_thread)):
+    for var, value in ((FORCED_ENV, forced_drafts), (THREAD_ENV, grammar_thread), (NATIVE_ENV, native)):
         if value is not None:
             env[var] = "1" if value else "0"
     return env
 
 
 def apply_cpu_env(stats_file: Optional[str] = None, product_plugin: bool = False, ranks: int = 1,
-                  forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None) -> None:
+                  forced_drafts: Optional[bool] = None, grammar_thread: Optional[bool] = None,
+                  native: Optional[bool] = None) -> None:
     """Put :func:`cpu_env` into ``os.environ`` (SGLang's spawned subprocesses inherit it), drop what an earlier
     configuration set and this one does not, and make the torchvision shim active in this process."""
-    env = cpu_env(stats_file, product_plugin, ranks, forced_drafts, grammar_thread)
+    env = cpu_env(stats_file, product_plugin, ranks, forced_drafts, grammar_thread, native)
     os.environ.update(env)
-    for var in (FORCED_ENV, THREAD_ENV, STATS_ENV, THREADS_BIND_ENV):  # set only by some configurations
+    for var in (FORCED_ENV, THREAD_ENV, NATIVE_ENV, STATS_ENV, THREADS_BIND_ENV):  # set only by some configurations
         if var not in env:
             os.environ.pop(var, None)
     from sglang_eo_dev.cpu_runtime.torchvision_compat import install_import_hook
@@ -250,7 +257,7 @@ def engine_kwargs(cfg: EngineConfig, pair: Optional[models.ModelPair] = None) ->
 def start_engine(cfg: EngineConfig, stats_file: Optional[str] = None):
     """Start an in-process ``sglang.Engine``. The caller must run under ``if __name__ == "__main__"`` or pytest (the
     scheduler is spawned) and call ``.shutdown()``."""
-    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts, cfg.grammar_thread)
+    apply_cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts, cfg.grammar_thread, cfg.native)
     if stats_file:
         from sglang_eagle_overlap.core.stats import rank_stats_path
 
@@ -322,7 +329,7 @@ def launch_server(
     pair = model_pair(cfg)
     port = free_port()
     env = dict(os.environ)
-    env.update(cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts))
+    env.update(cpu_env(stats_file, cfg.product_plugin, cfg.tp_size, cfg.forced_drafts, cfg.grammar_thread, cfg.native))
     if cfg.tp_size <= 1:
         env.pop(THREADS_BIND_ENV, None)
     if not stats_file:

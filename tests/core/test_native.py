@@ -1,0 +1,247 @@
+"""The native batch calls (``core/native.py``, ``native/grammar_batch.cc``; issue 17) against the Python code they
+replace: the ledger's batched feed gives the outcomes, matcher states and ``on_feed`` reports of the Python feed, run
+by run; the loader builds once per key, fails with the compiler's words, and the runtime falls back (auto) or refuses
+(required). The tree walk's equivalence with SGLang's own mask is in ``test_mask_equivalence.py`` (strategy
+``lockstep+cxx``)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import xgrammar as xgr
+
+from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core.native import NativeUnavailable, build_native, load_native
+from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.tokenizers import EOS_ID
+from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
+
+VOCAB = 32000
+
+
+def _state(m) -> torch.Tensor:
+    return G.next_token_bitmask(m, VOCAB)
+
+
+def _requests(rng: random.Random, k: int):
+    """``k`` documents (ids ending with EOS) of mixed grammars, each with a starting position."""
+    out = []
+    for _ in range(k):
+        g = rng.choice(["regex", "nested", "ebnf"])
+        doc = list(G.doc_tokens(g, rng, VOCAB))
+        out.append((g, doc, rng.randrange(0, max(1, len(doc) - 6))))
+    return out
+
+
+def _run_for(rng: random.Random, doc, pos: int):
+    """The next run of a request: 1-4 true tokens, sometimes past the EOS, sometimes with a bad token inside."""
+    k = rng.randint(1, 4)
+    run = list(doc[pos : pos + k]) or [doc[-1]]
+    if rng.random() < 0.1:
+        run.append(doc[0])  # tokens after the grammar's end
+    if rng.random() < 0.15:
+        run.insert(rng.randrange(len(run) + 1), rng.randrange(VOCAB))  # often a rejection
+    return run
+
+
+def _norm(results):
+    """Outcomes as they are, ledger errors by type and message (exceptions do not compare equal)."""
+    return [(type(r).__name__, str(r)) if isinstance(r, Exception) else r for r in results]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_feed_matches_the_python_feed_run_by_run(seed):
+    rng = random.Random(seed)
+    reqs = _requests(rng, 24)
+    py, cx = AcceptLedger(), AcceptLedger(native=native())
+    m_py = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+    m_cx = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+    grammars = [object() for _ in reqs]
+    pos = [p for _, _, p in reqs]
+    fed_py, fed_cx = [], []
+    fresh = 0
+    for step in range(12):
+        runs_py, runs_cx = [], []
+        for i, (_, doc, _) in enumerate(reqs):
+            if rng.random() < 0.2:
+                continue  # not in this batch
+            run = _run_for(rng, doc, pos[i])
+            runs_py.append((f"r{i}", grammars[i], pos[i], run, m_py[i]))
+            runs_cx.append((f"r{i}", grammars[i], pos[i], run, m_cx[i]))
+        if step % 3 == 2 and runs_py:  # the same runs asked again: replays
+            runs_py += runs_py[:3]
+            runs_cx += runs_cx[:3]
+        got_py = py.advance_many(runs_py, lambda g, o: fed_py.append((id(g), o)))
+        got_cx = cx.advance_many(runs_cx, lambda g, o: fed_cx.append((id(g), o)))
+        assert _norm(got_cx) == _norm(got_py), f"step {step}"
+        assert sorted(fed_cx, key=repr) == sorted(fed_py, key=repr), f"step {step}"
+        for (key, _, start, _, _), out in zip(runs_py, got_py):
+            i = int(key[1:])
+            if not isinstance(out, Exception) and out.start == start == pos[i]:
+                pos[i] = start + len(out.retained)
+                fresh += 1
+        for a, b in zip(m_py, m_cx):
+            assert torch.equal(_state(a), _state(b)) and a.is_terminated() == b.is_terminated()
+    assert cx.tokens_fed == py.tokens_fed and cx.replays == py.replays > 0
+    outcomes = [o for _, o in fed_py]
+    assert fresh > 100 and any(o.terminated for o in outcomes) and any(o.error for o in outcomes)
+
+
+def test_a_second_run_of_a_request_in_one_call_is_fed_after_the_first():
+    doc = list(G.doc_tokens("regex", random.Random(3), VOCAB))
+    m_py, m_cx = G.matcher("regex", VOCAB), G.matcher("regex", VOCAB)
+    g = object()
+    want = AcceptLedger().advance_many([("r", g, 0, doc[:2], m_py), ("r", g, 2, doc[2:5], m_py)])
+    got = AcceptLedger(native=native()).advance_many([("r", g, 0, doc[:2], m_cx), ("r", g, 2, doc[2:5], m_cx)])
+    assert got == want and [len(o.retained) for o in got] == [2, 3]
+    assert torch.equal(_state(m_cx), _state(m_py))
+
+
+def test_a_gap_or_conflict_in_a_batch_changes_nothing_else():
+    doc = list(G.doc_tokens("regex", random.Random(4), VOCAB))
+    led = AcceptLedger(native=native())
+    a, b = G.matcher("regex", VOCAB), G.matcher("regex", VOCAB)
+    ga, gb = object(), object()
+    led.advance_many([("a", ga, 0, doc[:2], a), ("b", gb, 0, doc[:1], b)])
+    out = led.advance_many([("a", ga, 5, doc[5:6], a), ("b", gb, 1, doc[1:3], b), ("a", ga, 0, doc[1:3], a)])
+    assert type(out[0]).__name__ == "LedgerGapError" and type(out[2]).__name__ == "LedgerConflictError"
+    assert out[1].retained == tuple(doc[1:3]) and led.consumed("a") == 2 and led.consumed("b") == 3
+
+
+class CountingSubclass(xgr.GrammarMatcher):
+    """A matcher subclass overriding a method in Python: native calls would bypass it, so it is fed in Python."""
+
+    calls = 0
+
+    def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
+        CountingSubclass.calls += 1
+        return super().accept_token(token_id, debug_print=debug_print)
+
+
+def test_a_matcher_subclass_is_fed_and_walked_in_python():
+    doc = list(G.doc_tokens("regex", random.Random(5), VOCAB))
+    m = G.matcher("regex", VOCAB, cls=CountingSubclass)
+    CountingSubclass.calls = 0
+    out = AcceptLedger(native=native()).advance("r", object(), 0, doc[:3], matcher=m)
+    assert out.retained == tuple(doc[:3]) and CountingSubclass.calls == 3
+    assert native().handles([m]) is None and native().handles([G.matcher("regex", VOCAB)]) is not None
+    tree = eagle_tree(random.Random(1), 4, 3, 8, doc[3:6], VOCAB, matcher=m)
+    nxt, sib, tok = stack_trees([tree])
+    b = TreeMaskBuilder(threads=1, native=native())
+    b.build([MaskRequest(matcher=m)], nxt, sib, tok, VOCAB)
+    assert b.native_walks == 0 and CountingSubclass.calls > 3
+
+
+def _batch(seed: int, k: int = 6, n: int = 8):
+    rng = random.Random(seed)
+    ms, trees = [], []
+    for g, doc, p in _requests(rng, k):
+        m = G.matcher(g, VOCAB, doc[:p])
+        ms.append(m)
+        trees.append(eagle_tree(rng, 4, 3, n, doc[p : p + 3], VOCAB, matcher=m, extra_tokens=(EOS_ID,)))
+    return ms, stack_trees(trees)
+
+
+def test_walk_trees_refuses_bad_arguments():
+    ms, (nxt, sib, tok) = _batch(0, k=2)
+    nat = native()
+    handles = nat.handles(ms)
+    mask = torch.full((16, (VOCAB + 31) // 32), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="given twice"):
+        nat.walk_trees(handles, [0, 0], nxt, sib, tok, mask, VOCAB, None)
+    with pytest.raises(IndexError, match="out of"):
+        nat.walk_trees(handles, [0, 2], nxt, sib, tok, mask, VOCAB, None)
+    with pytest.raises(TypeError, match="bitmask"):
+        nat.walk_trees(handles, [0, 1], nxt, sib, tok, mask.float(), VOCAB, None)
+    with pytest.raises(ValueError, match="contiguous"):
+        nat.walk_trees(handles, [0, 1], nxt, sib, tok, torch.full((32, 1000), -1, dtype=torch.int32)[::2], VOCAB, None)
+    with pytest.raises(ValueError, match="elements"):
+        nat.walk_trees(handles, [0, 1], nxt, sib, tok, mask[:4], VOCAB, None)
+    assert bool((mask == -1).all()), "a refused call writes nothing"
+
+
+def test_a_failing_native_walk_is_rebuilt_request_by_request(caplog):
+    ms, (nxt, sib, tok) = _batch(1)
+    want = TreeMaskBuilder(threads=1).build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB).bitmask.clone()
+
+    class Broken:
+        matcher_type = xgr.GrammarMatcher
+
+        def handles(self, matchers):
+            return native().handles(matchers)
+
+        def walk_trees(self, *a, **k):
+            raise RuntimeError("boom")
+
+    b = TreeMaskBuilder(threads=1, native=Broken())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        got = b.build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB)
+    assert torch.equal(got.bitmask, want) and not got.failed
+    assert any("boom" in r.getMessage() and "request by request" in r.getMessage() for r in caplog.records)
+
+
+def test_consecutive_native_builds_on_the_reused_buffer_are_exact():
+    """The sparse reset (stale rows of the previous build) works with the rows the native walk reports written."""
+    py, cx = TreeMaskBuilder(threads=1), TreeMaskBuilder(threads=1, native=native())
+    for seed in range(5):
+        ms, (nxt, sib, tok) = _batch(10 + seed, k=3 + seed)
+        want = py.build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB).bitmask.clone()
+        got = cx.build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB)
+        assert torch.equal(got.bitmask, want), seed
+    assert cx.native_walks == 5 and cx.reset_rows == py.reset_rows
+
+
+def test_the_build_is_cached_by_key_and_a_failed_compile_names_the_cause(tmp_path, monkeypatch):
+    first = build_native(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert build_native(tmp_path) == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    bad = tmp_path / "cxx"
+    bad.write_text("#!/bin/sh\necho 'no compiler here' >&2\nexit 3\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CXX", str(bad))
+    with pytest.raises(NativeUnavailable, match="no compiler here"):
+        build_native(tmp_path)  # another compiler is another key: it compiles, and fails
+    assert sorted(p.name for p in tmp_path.glob("*.so*")) == [first.name]  # no partial file left
+
+
+def test_the_runtime_falls_back_when_auto_and_refuses_when_required(tmp_path, monkeypatch, caplog):
+    from sglang_eagle_overlap.integration.runtime import load_native_for
+
+    bad = tmp_path / "cxx"
+    bad.write_text("#!/bin/sh\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CXX", str(bad))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING):
+        assert load_native_for(None) is None
+    assert any("stays in Python" in r.getMessage() for r in caplog.records)
+    with pytest.raises(RuntimeError, match="SGLANG_EAGLE_OVERLAP_NATIVE=1"):
+        load_native_for(True)
+    monkeypatch.delenv("CXX")
+    assert load_native_for(True) is not None
+
+
+def test_grammar_step_loads_the_module_at_its_first_build_and_shares_it():
+    calls = []
+
+    def loader():
+        calls.append(1)
+        return native()
+
+    step = GrammarStep(native=loader)
+    assert calls == [] and step.native is None and step.snapshot()["native"] is False
+    builder = step.builder
+    assert calls == [1] and builder.native is step.native is step.ledger.native is native()
+    assert step.builder is builder and calls == [1] and step.snapshot()["native"] is True
+    assert GrammarStep().builder.native is None
+
+
+def test_load_native_checks_the_matcher_type(tmp_path):
+    nat = load_native(tmp_path)
+    assert nat.type_key == "xgrammar.tvm_ffi_binding.GrammarMatcher" and nat.matcher_type is xgr.GrammarMatcher
+    assert Path(nat.path).parent == tmp_path
