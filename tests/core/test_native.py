@@ -188,12 +188,16 @@ def test_a_failing_native_walk_is_rebuilt_request_by_request(caplog):
 def test_consecutive_native_builds_on_the_reused_buffer_are_exact():
     """The sparse reset (stale rows of the previous build) works with the rows the native walk reports written."""
     py, cx = TreeMaskBuilder(threads=1), TreeMaskBuilder(threads=1, native=native())
-    for seed in range(5):
-        ms, (nxt, sib, tok) = _batch(10 + seed, k=3 + seed)
-        want = py.build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB).bitmask.clone()
-        got = cx.build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB)
+    for seed, k in enumerate([7, 3, 6, 2, 5, 5]):
+        ms, (nxt, sib, tok) = _batch(10 + seed, k=k)
+        # Rows that were constrained in the previous build and are not now (an unconstrained request, a shorter
+        # batch) must come back all-allowed: only the rows this walk reports written are skipped by the reset.
+        reqs = [MaskRequest(matcher=m) if (i + seed) % 3 else MaskRequest() for i, m in enumerate(ms)]
+        want = py.build(reqs, nxt, sib, tok, VOCAB).bitmask.clone()
+        got = cx.build(reqs, nxt, sib, tok, VOCAB)
         assert torch.equal(got.bitmask, want), seed
-    assert cx.native_walks == 5 and cx.reset_rows == py.reset_rows
+        assert torch.equal(got.bitmask, TreeMaskBuilder(threads=1).build(reqs, nxt, sib, tok, VOCAB).bitmask), seed
+    assert cx.native_walks == 6 and cx.reset_rows == py.reset_rows
 
 
 def test_the_build_is_cached_by_key_and_a_failed_compile_names_the_cause(tmp_path, monkeypatch):
@@ -245,3 +249,21 @@ def test_load_native_checks_the_matcher_type(tmp_path):
     nat = load_native(tmp_path)
     assert nat.type_key == "xgrammar.tvm_ffi_binding.GrammarMatcher" and nat.matcher_type is xgr.GrammarMatcher
     assert Path(nat.path).parent == tmp_path
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_a_matcher_terminated_behind_the_ledgers_back_is_terminated_not_rejected(live):
+    """As the Python feed (test_ledger_native_feed.py): with the live shortcut taken (the ledger's own last run left
+    the matcher live) or not (a rebuilt grammar object), a matcher fed to its end elsewhere refuses the next token,
+    and the run is reported terminated, not rejected."""
+    doc = list(G.doc_tokens("regex", random.Random(5), VOCAB))
+    outs = []
+    for ledger in (AcceptLedger(), AcceptLedger(native=native())):
+        raw = G.matcher("regex", VOCAB)
+        grammar = object()
+        ledger.advance("r", grammar, 0, doc[:2], matcher=raw)
+        for t in doc[2:]:
+            assert raw.accept_token(t)
+        assert raw.is_terminated()
+        outs.append(ledger.advance("r", grammar if live else object(), 2, [doc[2]], matcher=raw))
+    assert outs[1] == outs[0] and outs[1].terminated and outs[1].error is None and outs[1].retained == ()
