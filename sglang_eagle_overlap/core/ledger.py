@@ -221,7 +221,8 @@ class AcceptLedger:
         """Feed the batched fresh runs in one native call and record each outcome in its slot of ``out``."""
         native = self.native
         assert native is not None
-        handles = [b[6]._handle for b in batch]
+        handles = native.handles([b[6] for b in batch])
+        assert handles is not None  # every batched matcher's type was checked when it was batched
         results = native.feed_runs(handles, [b[4] for b in batch], [b[2].live for b in batch])
         for (slot, _key, entry, start, toks, grammar, _m), (kept, state) in zip(batch, results):
             if state == TERMINATED_BEFORE:

@@ -286,8 +286,8 @@ class TreeMaskBuilder:
             try:
                 if handles is not None:
                     result.valid_nodes += self._native_batch_walk(handles, native, retrieve_next_token,
-                                                            retrieve_next_sibling, draft_tokens, vocab_size, mask,
-                                                            deadline, result.timed_out, written)
+                                                                  retrieve_next_sibling, draft_tokens, vocab_size,
+                                                                  mask, deadline, result.timed_out, written)
                 elif self.strategy == "lockstep":
                     assert lists is not None
                     nxt, sib, tok = lists
@@ -346,8 +346,8 @@ class TreeMaskBuilder:
 
     # -- strategies ----------------------------------------------------------------------------------------------
     def _native_batch_walk(self, handles: List[Any], rows: List[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
-                     tok_t: torch.Tensor, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
-                     timed_out: List[int], written: List[int]) -> int:
+                           tok_t: torch.Tensor, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
+                           timed_out: List[int], written: List[int]) -> int:
         """:meth:`_lockstep` in one native call (``NativeGrammar.walk_trees``): the same rows, the same matcher states
         after it, the same time-limit contract (roots always exact; a request cut by the deadline keeps only its root
         row). Spread over ``threads`` only when the batch's estimated fill work is worth a pool's wake-up, as the
