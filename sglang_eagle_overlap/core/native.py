@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
     import torch
 
 __all__ = ["NATIVE_SOURCE", "NativeGrammar", "NativeUnavailable", "build_native", "default_cache_dir", "load_native"]
@@ -161,11 +159,7 @@ class NativeGrammar:
         k = len(rows)
         out = self.module.walk_trees(handles, rows, nxt, sib, tok, mask, vocab_size,
                                      -1.0 if budget_s is None else max(budget_s, 0.0), threads)
-        status = out[:k]
-        valid = 0
-        for st in status:
-            valid += st if st >= 0 else (-st - 2 if st <= -2 else 0)
-        return status, out[k:], valid
+        return out[1 : k + 1], out[k + 1 :], out[0]
 
     def feed_runs(self, handles: Sequence[Any], runs: Sequence[Sequence[int]],
                   live: Sequence[bool]) -> List[Tuple[int, int]]:

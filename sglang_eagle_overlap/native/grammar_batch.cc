@@ -185,9 +185,9 @@ int64_t WalkOne(const Methods& m, const ffi::ObjectRef& matcher, const int64_t* 
 
 // The batch's tree mask (mask.py: TreeMaskBuilder._lockstep): for every request k (batch row rows[k], its matcher
 // matchers[k]) that is not terminated, its root row is filled (all roots first, before any deadline check), then its
-// tree is walked. Returns k status values, then the rows filled (any order): status -1 (terminated: rows untouched),
-// or the number of valid nodes (root included), or -(2 + valid nodes) if the time limit cut its walk. ``budget_s``
-// < 0: no time limit. ``threads`` > 1 spreads the requests over that many threads (xgrammar's own batched fill does
+// tree is walked. Returns the batch's valid nodes, k status values, then the rows filled (any order): status -1
+// (terminated: rows untouched), or the number of valid nodes (root included), or -(2 + valid nodes) if the time limit
+// cut its walk. ``budget_s`` < 0: no time limit. ``threads`` > 1 spreads the requests over that many threads (xgrammar's own batched fill does
 // the same with its pool: matchers of different requests are independent).
 ffi::Shape WalkTrees(ffi::Array<ffi::ObjectRef> matchers, ffi::Array<int64_t> rows, ffi::TensorView nxt_t,
                      ffi::TensorView sib_t, ffi::TensorView tok_t, ffi::TensorView mask_t, int64_t vocab,
@@ -235,7 +235,10 @@ ffi::Shape WalkTrees(ffi::Array<ffi::ObjectRef> matchers, ffi::Array<int64_t> ro
                             width, mask_t, written.data(), has_deadline, deadline, &done);
     status[j] = done ? v : -(2 + v);
   });
-  std::vector<int64_t> out(status);
+  int64_t total = 0;  // valid nodes of the batch: terminated requests count none, cut ones what they walked
+  for (int64_t st : status) total += st >= 0 ? st : (st <= -2 ? -st - 2 : 0);
+  std::vector<int64_t> out{total};
+  out.insert(out.end(), status.begin(), status.end());
   for (int64_t r = 0; r < bs * n; ++r) {
     if (written[r]) out.push_back(r);
   }
