@@ -11,8 +11,9 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 | ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` | JSON stats file rewritten every verify step (tests, debugging) | none |
 | ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` | seconds between the INFO summary lines | 30 |
 | ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
-| ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the barrier advance and the mask build run on a grammar thread started \
-before the target-verify launch, joined before sampling; ``0``: inline on the scheduler thread after the launch | 0 |
+| ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the step's native call (the previous batch's runs fed, the tree mask \
+walked) runs on a grammar thread started before the target-verify launch, joined before sampling; ``0``: inline on the \
+scheduler thread after the launch | 1 |
 | ``SGLANG_EAGLE_OVERLAP_NATIVE`` | ``1``: the batch's xgrammar calls (tree walk, ledger feed) go through the plugin's native module, built on first use with the system C++ compiler; a failed build is an error; ``0``: Python only; unset: ``auto``, native when it builds (a warning otherwise) | auto |
 | ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only; unset: ``auto``, on for STANDALONE only | auto |
 """
@@ -45,11 +46,15 @@ ENV = {
 # (0.4-0.5 ms on the project's CPU host, BENCH_SCHEMA, README "Scheduler-thread budget").
 FORCED_DRAFTS_AUTO_ALGORITHMS = frozenset({"STANDALONE"})
 DEFAULT_FORCED_DRAFTS: Optional[bool] = None
-# The grammar thread is off unless switched on. Measured on an H200 (SGLang 0.5.16, CUDA graphs, README "GPU
-# benchmark", benchmarks/results/gpu_constrained_cuda_0.5.16_h200_*): the inline path was +0.2-3.7 % over unconstrained
-# (median step) where the thread path was +4.4-24.5 %, and its mask phase took 1.3-1.8x as long: next to the scheduler
-# thread's Python the helper waits for the GIL after each native call (benchmarks/bench_gil_convoy.py).
-DEFAULT_GRAMMAR_THREAD = False
+# The grammar thread is on unless switched off (issue 17). It takes only the step's one native call (the previous
+# batch's runs fed and the tree walked, GIL-free, started before the verify launch); the scheduler thread keeps the
+# Python (the ledger's checks before the launch, the records after the join). Measured on the project's CPU host, side
+# by side in one run (README "Scheduler-thread budget"): the scheduler thread's extra time per constrained step at
+# bs 64 fell to 0.28-0.33x of ce5faff's, against 0.46-0.52x inline. The thread design the H200 measured slower than
+# inline (README "GPU benchmark": +4.4-24.5 % against +0.2-3.7 % over unconstrained) ran the barrier's and the walk's
+# Python on the helper, which then waited for the GIL after each native call (benchmarks/bench_gil_convoy.py); this
+# one crosses into Python twice per step. Not yet measured on a GPU.
+DEFAULT_GRAMMAR_THREAD = True
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 

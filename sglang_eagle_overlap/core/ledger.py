@@ -47,7 +47,8 @@ from __future__ import annotations
 from typing import (Any, Callable, Collection, Dict, Hashable, Iterable, List, NamedTuple, Optional, Protocol, Sequence,
                     Tuple, Union)
 
-from sglang_eagle_overlap.core.native import REJECTED, TERMINATED, TERMINATED_BEFORE, NativeGrammar
+from sglang_eagle_overlap.core.native import (FEED_ERROR, FED, REJECTED, TERMINATED, TERMINATED_BEFORE,
+                                              NativeGrammar)
 
 __all__ = [
     "AdvanceOutcome",
@@ -57,6 +58,9 @@ __all__ = [
     "LedgerConflictError",
     "LedgerError",
     "LedgerGapError",
+    "LedgerPlan",
+    "ResultRuns",
+    "RowRun",
     "MatcherLike",
     "Run",
 ]
@@ -115,13 +119,14 @@ class _Entry:
     """``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
     only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key."""
 
-    __slots__ = ("consumed", "grammar", "history", "live")
+    __slots__ = ("consumed", "grammar", "history", "live", "handle")
 
     def __init__(self, consumed: int, grammar: object = None) -> None:
         self.consumed = consumed
         self.grammar = grammar
         self.history: Dict[int, AdvanceOutcome] = {}
         self.live = False  # the last run this entry fed left its grammar not terminated (False: unknown or terminated)
+        self.handle: Any = None  # the native handle of the grammar's matcher, once a plan queued a run of it
 
 
 class AcceptLedger:
@@ -169,72 +174,17 @@ class AcceptLedger:
         """:meth:`advance` for each ``(key, grammar, start, tokens, matcher)`` in order, in one call: one result per
         run, the outcome or the :class:`LedgerError` that :meth:`advance` would raise for it (a run in error changes
         nothing, the others go on). A whole batch's runs go through here: per run it is one loop body instead of a
-        stack of calls (issue 17: the barrier's Python time per request)."""
-        entries = self._entries
-        native = self.native
-        out: List[AdvanceResult] = []
-        # Fresh runs waiting for the one native call: (index in out, key, entry, start, tokens, grammar, matcher).
-        batch: List[Tuple[int, Hashable, _Entry, int, Tuple[int, ...], Any, Any]] = []
-        batched: set[Hashable] = set()
-        for key, grammar, start, tokens, matcher in runs:
-            toks = tuple(map(int, tokens))
-            if key in batched:  # a second run of a request in one call: its first must be fed before it is checked
-                self._feed_batch(batch, out, on_feed)
-                batch, batched = [], set()
-            entry = entries.get(key)
-            if entry is None or entry.grammar is not grammar:
-                # First sight of this request (or of its rebuilt matcher): it has consumed exactly the tokens before
-                # ``start``.
-                entry = entries[key] = _Entry(consumed=start, grammar=grammar)
-            history = entry.history
-            past = history.get(start)
-            if past is not None:
-                if past.tokens != toks:
-                    out.append(LedgerConflictError(
-                        f"request {key!r}: run at position {start} was advanced with {list(past.tokens)} "
-                        f"and is now asked with {list(toks)}"))
-                else:
-                    self.replays += 1
-                    out.append(past)
-                continue
-            if start != entry.consumed:
-                out.append(_mismatch(key, start, entry.consumed))
-                continue
-            if matcher is None:
-                outcome = _feed(grammar, start, toks)
-            elif native is not None and type(matcher) is native.matcher_type:
-                batch.append((len(out), key, entry, start, toks, grammar, matcher))
-                batched.add(key)
-                out.append(_PENDING)
-                continue
-            else:
-                outcome = _feed_matcher(matcher, entry.live, start, toks)
-                if on_feed is not None:
-                    on_feed(grammar, outcome)
-            out.append(self._record(entry, start, outcome))
-        if batch:
-            self._feed_batch(batch, out, on_feed)
-        return out
+        stack of calls (issue 17: the barrier's Python time per request). It is :meth:`plan` fed at once."""
+        plan = self.plan()
+        slots = plan.add(runs, on_feed)
+        plan.feed()
+        return plan.out[slots.start : slots.stop]
 
-    def _feed_batch(self, batch: List[Tuple[int, Hashable, _Entry, int, Tuple[int, ...], Any, Any]],
-                    out: List[AdvanceResult], on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> None:
-        """Feed the batched fresh runs in one native call and record each outcome in its slot of ``out``."""
-        native = self.native
-        assert native is not None
-        handles = native.handles([b[6] for b in batch])
-        assert handles is not None  # every batched matcher's type was checked when it was batched
-        results = native.feed_runs(handles, [b[4] for b in batch], [b[2].live for b in batch])
-        for (slot, _key, entry, start, toks, grammar, _m), (kept, state) in zip(batch, results):
-            if state == TERMINATED_BEFORE:
-                outcome = AdvanceOutcome(start, toks, (), True, None)
-            elif state == REJECTED:
-                outcome = AdvanceOutcome(start, toks, toks[:kept], False,
-                                         f"grammar rejected token {toks[kept]} at output position {start + kept}")
-            else:
-                outcome = AdvanceOutcome(start, toks, toks[:kept], state == TERMINATED, None)
-            if on_feed is not None:
-                on_feed(grammar, outcome)
-            out[slot] = self._record(entry, start, outcome)
+    def plan(self) -> LedgerPlan:
+        """An empty :class:`LedgerPlan` on this ledger: runs added to it are checked and answered at once, but its
+        fresh runs through plain xgrammar matchers wait for one native feed, which the caller may fuse with other
+        native work (``GrammarStep``: the step's tree walk in the same call)."""
+        return LedgerPlan(self)
 
     def _record(self, entry: _Entry, start: int, outcome: AdvanceOutcome) -> AdvanceOutcome:
         """Book a fresh run's outcome on its entry (consumed, liveness, history) and return it."""
@@ -264,6 +214,245 @@ class AcceptLedger:
         """Re-anchor a request whose matcher was rolled back by the host (e.g. retokenization)."""
         old = self._entries.get(key)
         self._entries[key] = _Entry(consumed=consumed, grammar=None if old is None else old.grammar)
+
+
+class ResultRuns:
+    """The accepted runs of one result of the host (a verify: ``ids[row * stride : row * stride + lens[row]]``; a
+    prefill, ``lens`` None: the one token ``ids[row]``), whose host copy may still be in flight until ``ready`` (a
+    device event, or None: already on the host) has been waited for. Lets a ledger plan queue a run before its tokens
+    are on the host (:meth:`LedgerPlan.add_rows`): the native feed reads them itself, after :meth:`wait`."""
+
+    __slots__ = ("ids", "lens", "stride", "ready", "_ids", "_lens")
+
+    def __init__(self, ids: Any, lens: Any, stride: int, ready: Optional[Any] = None) -> None:
+        self.ids = ids  # host integer tensor (int32 / int64)
+        self.lens = lens  # host integer tensor, or None (prefill)
+        self.stride = stride
+        self.ready = ready  # object with synchronize(): the host copy's event
+        self._ids: Optional[List[int]] = None
+        self._lens: Optional[List[int]] = None
+
+    def wait(self) -> None:
+        """Block until the host copy is done (a device event's ``synchronize``, which releases the GIL)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+
+    def run(self, row: int) -> Tuple[int, ...]:
+        """The run of ``row`` (waits for the host copy the first time)."""
+        if self._ids is None:
+            self.wait()
+            self._lens = None if self.lens is None else self.lens.tolist()
+            self._ids = self.ids.tolist()
+        ids = self._ids
+        if self._lens is None:
+            return (ids[row],)
+        a = row * self.stride
+        return tuple(ids[a : a + self._lens[row]])
+
+
+# A run queued by row (LedgerPlan.add_rows): (key, grammar, start, matcher or None, row of the result).
+RowRun = Tuple[Hashable, GrammarLike, int, Optional[MatcherLike], int]
+
+
+class LedgerPlan:
+    """:meth:`AcceptLedger.advance_many` in two halves, so that its native feed can be one call with other native work.
+
+    :meth:`add` takes a call's runs and does all of ``advance_many`` but the native feed: keys are checked, replays
+    and errors answered, runs through a grammar object or a matcher subclass fed in Python; the fresh runs through
+    plain ``xgrammar.GrammarMatcher`` objects (with ``AcceptLedger.native`` set) wait, each with a placeholder in
+    :attr:`out`. :meth:`add_rows` does the same for runs given as rows of a :class:`ResultRuns` whose host copy may
+    still be in flight: a fresh run through a plain matcher waits without its tokens (the native feed reads them from
+    the result); any other run needs its tokens at once, and waits for the copy there. The waiting runs are then fed
+    either by :meth:`feed` (the ledger's own native call) or by the caller, who hands the outcomes to :meth:`fill`
+    (:meth:`pending` lists what to feed, in order, and :meth:`sources` the results it reads). A run of a key that
+    already waits makes the waiting ones be fed first (its check needs their outcome), exactly as in
+    ``advance_many``.
+
+    Invariants: every waiting run is fed exactly once, by :meth:`feed` or by whoever calls :meth:`fill`; nothing else
+    may feed these matchers or use this ledger in between; :meth:`feed` after a :meth:`fill` is a no-op, so calling it
+    in a ``finally`` makes sure no run is left unfed. Not thread-safe (the ledger is not): :meth:`pending` and
+    :meth:`fill` belong to the thread that added the runs, only the native call in between may run elsewhere."""
+
+    __slots__ = ("ledger", "out", "errors", "_batch", "_batched", "_handles", "_packed", "_results", "_result_at")
+
+    def __init__(self, ledger: AcceptLedger) -> None:
+        self.ledger = ledger
+        self.out: List[AdvanceResult] = []  # one result per added run, in order; waiting runs hold a placeholder
+        self.errors = 0  # ledger errors among the results added so far
+        # Waiting runs: (index in out, entry, start, tokens or None, grammar, on_feed, result, row); and, kept in step
+        # with them, what the native call takes: their matchers' handles, the packed runs, the results they read.
+        self._batch: List[Tuple[int, _Entry, int, Optional[Tuple[int, ...]], Any,
+                                Optional[Callable[[Any, AdvanceOutcome], None]], Optional[ResultRuns], int]] = []
+        self._batched: set[Hashable] = set()
+        self._handles: List[Any] = []
+        self._packed: List[int] = []
+        self._results: List[ResultRuns] = []
+        self._result_at: Dict[int, int] = {}
+
+    def __len__(self) -> int:
+        """The waiting runs."""
+        return len(self._batch)
+
+    def add(self, runs: Iterable[Run], on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> range:
+        """Check, answer or queue every ``(key, grammar, start, tokens, matcher)``; returns their slots in
+        :attr:`out`. ``on_feed(grammar, outcome)`` is called after each fresh feed of these runs (never on a
+        replay), as ``AcceptLedger.advance`` calls it."""
+        first = len(self.out)
+        for key, grammar, start, tokens, matcher in runs:
+            self._add(key, grammar, start, tuple(map(int, tokens)), matcher, on_feed)
+        return range(first, len(self.out))
+
+    def add_rows(self, rows: Iterable[RowRun], result: ResultRuns,
+                 on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> range:
+        """:meth:`add` of ``(key, grammar, start, matcher, row)``: the run of ``row`` in ``result``. A fresh run
+        through a plain xgrammar matcher waits without reading its tokens; every other run reads them at once
+        (waiting for the result's host copy)."""
+        out = self.out
+        first = len(out)
+        native = self.ledger.native
+        if native is None:
+            for key, grammar, start, matcher, row in rows:
+                self._add(key, grammar, start, result.run(row), matcher, on_feed)
+            return range(first, len(out))
+        entries = self.ledger._entries
+        batch, batched, handles, packed = self._batch, self._batched, self._handles, self._packed
+        mtype, handle = native.matcher_type, native.handle
+        k = self._result_at.get(id(result))
+        for key, grammar, start, matcher, row in rows:
+            if type(matcher) is mtype and key not in batched:
+                entry = entries.get(key)
+                if entry is None or entry.grammar is not grammar:  # as in _add: a new or rebuilt request
+                    entry = entries[key] = _Entry(consumed=start, grammar=grammar)
+                if start == entry.consumed and start not in entry.history:
+                    if k is None:
+                        k = self._result_at[id(result)] = len(self._results)
+                        self._results.append(result)
+                    batch.append((len(out), entry, start, None, grammar, on_feed, result, row))
+                    batched.add(key)
+                    h = entry.handle
+                    if h is None:  # the entry's grammar is fixed (a rebuilt one makes a new entry): so is its matcher
+                        h = entry.handle = handle(matcher)
+                    handles.append(h)
+                    packed += (1 if entry.live else 0, k, row)
+                    out.append(_PENDING)
+                    continue
+            self._add(key, grammar, start, result.run(row), matcher, on_feed)
+            if not self._batch:  # a flush inside _add emptied the queue: the result gets a new index when queued
+                k = None
+        return range(first, len(out))
+
+    def _add(self, key: Hashable, grammar: Any, start: int, toks: Tuple[int, ...], matcher: Any,
+             on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> None:
+        """One run of :meth:`add` (``AcceptLedger.advance``'s checks, then a Python feed or a wait)."""
+        ledger = self.ledger
+        out = self.out
+        if key in self._batched:  # a second run of a request: its first must be fed before it is checked
+            self.feed()
+        entries = ledger._entries
+        entry = entries.get(key)
+        if entry is None or entry.grammar is not grammar:
+            # First sight of this request (or of its rebuilt matcher): it has consumed exactly the tokens before
+            # ``start``.
+            entry = entries[key] = _Entry(consumed=start, grammar=grammar)
+        history = entry.history
+        past = history.get(start)
+        if past is not None:
+            if past.tokens != toks:
+                self.errors += 1
+                out.append(LedgerConflictError(
+                    f"request {key!r}: run at position {start} was advanced with {list(past.tokens)} "
+                    f"and is now asked with {list(toks)}"))
+            else:
+                ledger.replays += 1
+                out.append(past)
+            return
+        if start != entry.consumed:
+            self.errors += 1
+            out.append(_mismatch(key, start, entry.consumed))
+            return
+        native = ledger.native
+        if matcher is None:
+            outcome = _feed(grammar, start, toks)
+        elif native is not None and type(matcher) is native.matcher_type:
+            self._batch.append((len(out), entry, start, toks, grammar, on_feed, None, 0))
+            self._batched.add(key)
+            self._handles.append(native.handle(matcher))
+            self._packed += (1 if entry.live else 0, -1, len(toks))
+            self._packed.extend(toks)
+            out.append(_PENDING)
+            return
+        else:
+            outcome = _feed_matcher(matcher, entry.live, start, toks)
+            if on_feed is not None:
+                on_feed(grammar, outcome)
+        out.append(ledger._record(entry, start, outcome))
+
+    def sources(self) -> List[ResultRuns]:
+        """The results the waiting runs read their tokens from (each once): wait for them before the native feed."""
+        return list(self._results)
+
+    def pending(self) -> Tuple[List[Any], List[int], List[Tuple[Any, Any, int]]]:
+        """The waiting runs, in feed order, as ``NativeGrammar.step_batch`` takes them: their matchers' handles, the
+        packed runs (``live``, then ``-1, len, tokens`` or ``result, row``) and the results those read (``(ids, lens,
+        stride)``). ``live``: the ledger's own last run left that matcher not terminated ("Native feed")."""
+        return self._handles, self._packed, [(r.ids, r.lens, r.stride) for r in self._results]
+
+    def fill(self, feeds: Sequence[int], errors: Optional[Dict[int, str]] = None) -> None:
+        """Record the waiting runs' outcomes: ``feeds[2 i]``, ``feeds[2 i + 1]`` are the retained tokens and the state
+        of the i-th run of :meth:`pending` (``core/native.py``'s states; ``errors[i]``: the message of a run whose
+        matcher raised)."""
+        batch = self._batch
+        self._batch, self._batched, self._handles, self._packed = [], set(), [], []
+        self._results, self._result_at = [], {}
+        if len(feeds) != 2 * len(batch):
+            raise ValueError(f"{len(feeds) // 2} feed outcomes for {len(batch)} waiting runs")
+        ledger, out = self.ledger, self.out
+        record = ledger._record
+        run = ResultRuns.run
+        for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
+            if toks is None:
+                toks = run(result, row)  # type: ignore[arg-type]  # a run without tokens has its result
+            kept = feeds[2 * f]
+            state = feeds[2 * f + 1]
+            if state == FED and kept == len(toks):  # the common case, without a call
+                outcome = AdvanceOutcome(start, toks, toks, False, None)
+            else:
+                outcome = native_outcome(start, toks, kept, state, None if errors is None else errors.get(f))
+            if on_feed is not None:
+                on_feed(grammar, outcome)
+            out[slot] = record(entry, start, outcome)
+
+    def feed(self) -> None:
+        """Feed the waiting runs in one native call (``NativeGrammar.step_batch``, on this thread, after waiting for
+        the results they read) and record them; nothing waits afterwards."""
+        if not self._batch:
+            return
+        native = self.ledger.native
+        assert native is not None  # runs wait only with a native module
+        for result in self._results:
+            result.wait()
+        handles, packed, results = self.pending()
+        res = native.step_batch(handles, packed, results, (), (), None, None, None, None, 0, None)
+        self.fill(res.feeds, {i: e for (kind, i), e in res.errors.items() if kind == "f"})
+
+
+def native_outcome(start: int, toks: Tuple[int, ...], kept: int, state: int,
+                   message: Optional[str] = None) -> AdvanceOutcome:
+    """The outcome of one run the native module fed (``core/native.py``: ``(retained, state)``, and the message of a
+    run whose matcher raised), as :func:`_feed_matcher` reports it for the same matcher calls."""
+    if state == FED:
+        return AdvanceOutcome(start, toks, toks if kept == len(toks) else toks[:kept], False, None)
+    if state == TERMINATED:
+        return AdvanceOutcome(start, toks, toks[:kept], True, None)
+    if state == TERMINATED_BEFORE:
+        return AdvanceOutcome(start, toks, (), True, None)
+    if state == REJECTED:
+        return AdvanceOutcome(start, toks, toks[:kept], False,
+                              f"grammar rejected token {toks[kept]} at output position {start + kept}")
+    if state == FEED_ERROR:
+        return AdvanceOutcome(start, toks, toks[:kept], False,
+                              f"grammar raised at token {toks[kept]} at output position {start + kept}: {message}")
+    return AdvanceOutcome(start, toks, (), False, "not fed: an earlier run of the same matcher raised")
 
 
 def _mismatch(key: Hashable, start: int, consumed: int) -> LedgerError:

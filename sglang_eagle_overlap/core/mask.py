@@ -54,7 +54,8 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, List, Literal, Optiona
 import torch
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
-from sglang_eagle_overlap.core.native import NativeGrammar
+from sglang_eagle_overlap.core.ledger import LedgerPlan
+from sglang_eagle_overlap.core.native import WALK_FAILED, WALK_TIMED_OUT, NativeGrammar, StepResult
 from sglang_eagle_overlap.core.protocols import WalkMatcher
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 __all__ = [
+    "BuildPlan",
+    "MaskBatch",
     "MaskRequest",
     "MaskStrategy",
     "TreeMask",
@@ -99,6 +102,28 @@ class MaskRequest:
     request_id: str = ""
 
 
+class MaskBatch(List[MaskRequest]):
+    """A batch's rows, built with :meth:`add`, which also keeps the index lists :meth:`TreeMaskBuilder.prepare` needs
+    (rows of xgrammar matchers, their matchers, rows of host grammars): a build then reads them instead of looping over
+    the rows again. Any ``Sequence[MaskRequest]`` builds the same mask."""
+
+    __slots__ = ("native", "generic", "matchers")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.native: List[int] = []
+        self.generic: List[int] = []
+        self.matchers: List[Any] = []
+
+    def add(self, request: MaskRequest) -> None:
+        if request.matcher is not None:
+            self.native.append(len(self))
+            self.matchers.append(request.matcher)
+        elif request.grammar is not None:
+            self.generic.append(len(self))
+        self.append(request)
+
+
 @dataclass(slots=True)
 class TreeMask:
     """One build's result. ``bitmask`` (unless the caller passed ``out``) is a view of the builder's reused buffer:
@@ -114,6 +139,48 @@ class TreeMask:
 
 def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
+
+
+@dataclass(slots=True)
+class BuildPlan:
+    """One build between :meth:`TreeMaskBuilder.prepare` and :meth:`TreeMaskBuilder.finish` (the native walk may run
+    on another thread in between: it reads only this). ``mask`` None: no row is constrained. ``native`` / ``generic``:
+    batch rows of plain xgrammar matchers / of host grammars; ``handles`` (the native rows' matchers) is set when the
+    native walk applies; ``feed_input`` holds a ledger plan's waiting runs packed for the same native call."""
+
+    requests: Sequence[MaskRequest]
+    n: int
+    vocab_size: int
+    t0: float
+    limit: Optional[float] = None
+    forced: Optional[ForcedDrafts] = None
+    feeds: Optional[LedgerPlan] = None
+    mask: Optional[torch.Tensor] = None
+    stale: List[int] = field(default_factory=list)
+    own_buffer: bool = False
+    native: List[int] = field(default_factory=list)
+    generic: List[int] = field(default_factory=list)
+    handles: Optional[List[Any]] = None
+    threads: int = 1
+    feed_input: Optional[Tuple[List[Any], List[int], List[Tuple[Any, Any, int]]]] = None
+    native_t0: float = 0.0
+
+
+def _tree_nodes(requests: Sequence[MaskRequest], nxt: torch.Tensor, sib: torch.Tensor, draft: torch.Tensor) -> int:
+    """Nodes per request of a verify tree, after checking the tree's tensors against the batch."""
+    bs = len(requests)
+    if bs == 0:
+        return int(nxt.shape[-1]) if nxt.dim() else 0
+    if nxt.dim() != 2 or nxt.shape[0] != bs:
+        raise ValueError(f"retrieve_next_token must be [batch={bs}, nodes], got {tuple(nxt.shape)}")
+    n = int(nxt.shape[1])
+    if tuple(sib.shape) != (bs, n) or draft.numel() != bs * n:
+        raise ValueError(
+            f"verify tree tensors disagree: retrieve_next_token {tuple(nxt.shape)}, retrieve_next_sibling "
+            f"{tuple(sib.shape)}, draft_tokens {tuple(draft.shape)}; expected [{bs}, {n}] each (draft tokens may be "
+            f"flat [{bs * n}])"
+        )
+    return n
 
 
 class TreeMaskBuilder:
@@ -151,6 +218,9 @@ class TreeMaskBuilder:
         self.parallel_min_fills = 2
         self.parallel_min_work_s = 2e-3
         self._fill_cost_s = 20e-6
+        # The native walk's thread policy: its helpers are persistent (a wake-up, not a thread start), and a request
+        # is the unit of work; below this many requests the calling thread does them alone.
+        self.parallel_min_requests = 8
         self._buf: Optional[torch.Tensor] = None
         # Sparse, deferred reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler
         # thread's grammar time at bs 64). Between builds, rows [0, _clean_rows) hold all-allowed words except the rows
@@ -226,6 +296,7 @@ class TreeMaskBuilder:
         out: Optional[torch.Tensor] = None,
         allow_timeout: bool = True,
         forced: Optional[ForcedDrafts] = None,
+        feeds: Optional[LedgerPlan] = None,
     ) -> TreeMask:
         """Fill the tree mask. Tensors are host tensors shaped ``[bs, n]`` (draft tokens may be flat ``[bs * n]``).
 
@@ -234,62 +305,180 @@ class TreeMaskBuilder:
         ``allow_timeout=False`` builds without the time limit, for callers that cannot neutralise drafts.
         ``forced``: record every valid node's grammar-forced continuation into its table (lockstep walk only; rows
         of other paths stay empty).
+
+        ``feeds``: the previous batch's accepted runs still waiting in a ledger plan (``GrammarStep``'s barrier): fed
+        before any walk, in the same native call as the walk when the build takes the native walk, else by
+        ``feeds.feed()`` first. Fed exactly once either way (a build that raises before feeding leaves them to the
+        caller's ``feed()``).
+
+        It is :meth:`prepare`, :meth:`walk_native` (when the native walk applies) and :meth:`finish` on one thread.
         """
+        n = _tree_nodes(requests, retrieve_next_token, retrieve_next_sibling, draft_tokens)
+        plan = self.prepare(requests, n, vocab_size, out=out, allow_timeout=allow_timeout, forced=forced, feeds=feeds)
+        res = None
+        if plan.handles is not None:
+            try:
+                res = self.walk_native(plan, retrieve_next_token, retrieve_next_sibling, draft_tokens)
+            except Exception as exc:  # a refused call (it touched nothing): the Python walk, request by request
+                self.abandon_native(plan, exc)
+        return self.finish(plan, res, retrieve_next_token, retrieve_next_sibling, draft_tokens)
+
+    def prepare(self, requests: Sequence[MaskRequest], n: int, vocab_size: int, *, out: Optional[torch.Tensor] = None,
+                allow_timeout: bool = True, forced: Optional[ForcedDrafts] = None,
+                feeds: Optional[LedgerPlan] = None) -> BuildPlan:
+        """First part of a build, on the thread that owns the requests and the ledger (the scheduler thread): sort
+        the rows (unconstrained, plain xgrammar matchers, host grammars), take the host bitmask buffer, and decide
+        whether the native walk applies (``BuildPlan.handles`` set: the native module, the lockstep strategy, no
+        forced-draft recording, the real clock). If it does, ``feeds``' waiting runs are packed for the same native
+        call; if not, they are fed here, before anything else (:meth:`finish` walks in Python). Needs neither the
+        tree nor the previous upload to be done: it writes only rows no upload ever read."""
         t0 = time.perf_counter()
         bs = len(requests)
-        if bs == 0:
-            return TreeMask(bitmask=None, build_s=time.perf_counter() - t0)
-        if retrieve_next_token.dim() != 2 or retrieve_next_token.shape[0] != bs:
-            raise ValueError(
-                f"retrieve_next_token must be [batch={bs}, nodes], got {tuple(retrieve_next_token.shape)}"
-            )
-        n = retrieve_next_token.shape[1]
-        if tuple(retrieve_next_sibling.shape) != (bs, n) or draft_tokens.numel() != bs * n:
-            raise ValueError(
-                f"verify tree tensors disagree: retrieve_next_token {tuple(retrieve_next_token.shape)}, "
-                f"retrieve_next_sibling {tuple(retrieve_next_sibling.shape)}, draft_tokens "
-                f"{tuple(draft_tokens.shape)}; expected [{bs}, {n}] each (draft tokens may be flat [{bs * n}])"
-            )
-        constrained = [i for i, r in enumerate(requests) if r.matcher is not None or r.grammar is not None]
-        if not constrained:
-            return TreeMask(bitmask=None, build_s=time.perf_counter() - t0)
+        plan = BuildPlan(requests=requests, n=n, vocab_size=vocab_size, t0=t0, forced=forced, feeds=feeds,
+                         limit=self.time_limit_s if allow_timeout else None)
+        if type(requests) is MaskBatch:
+            native, generic, matchers = requests.native, requests.generic, requests.matchers
+        else:
+            native, generic, matchers = [], [], []
+            for i, r in enumerate(requests):
+                if r.matcher is not None:
+                    native.append(i)
+                    matchers.append(r.matcher)
+                elif r.grammar is not None:
+                    generic.append(i)
+        if not native and not generic:
+            if feeds is not None:
+                feeds.feed()
+            return plan
         width = bitmask_width(vocab_size)
         if out is not None:
             if out.shape[0] < bs * n or out.shape[1] != width or out.dtype != torch.int32:
                 raise ValueError(f"out must be int32 [>= {bs * n}, {width}], got {out.dtype} {tuple(out.shape)}")
-            mask = out[: bs * n]
-            _fill_all_allowed(mask)
-            stale: List[int] = []
+            plan.mask = out[: bs * n]
+            _fill_all_allowed(plan.mask)
         else:
-            mask, stale = self._bitmask(bs * n, width)
-        written: List[int] = []  # rows this build may leave other than all-allowed (the sparse reset's next input)
-        native = [i for i in constrained if requests[i].matcher is not None]
-        generic = [i for i in constrained if requests[i].matcher is None]
+            plan.mask, plan.stale = self._bitmask(bs * n, width)
+            plan.own_buffer = True
+        plan.native, plan.generic = native, generic
         # The native walk (core/native.py): the lockstep walk in one C++ call, for a batch of plain xgrammar matchers
         # on a host mask, without forced-draft recording and on the real clock (an injected clock is Python's).
-        handles = None
         if (self.native is not None and native and self.strategy == "lockstep" and forced is None
-                and self.clock is time.perf_counter and mask.device.type == "cpu"):
-            handles = self.native.handles([requests[i].matcher for i in native])
-        lists = None if handles is not None else _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
-        limit = self.time_limit_s if allow_timeout else None
-        if self.strategy == "lockstep" and handles is None:
-            self._ensure_batch_matchers()
-        if forced is not None:
-            forced.begin(bs * n)
+                and self.clock is time.perf_counter and plan.mask.device.type == "cpu"):
+            plan.handles = self.native.handles(matchers)
+        if plan.handles is None or self.native is None:
+            if feeds is not None:
+                feeds.feed()  # the walk is Python's: the runs go first, through the ledger's own native feed
+            return plan
+        threads = self.threads if self.threads > 1 and len(plan.native) >= self.parallel_min_requests else 1
+        plan.threads = threads
+        if feeds is not None and len(feeds):
+            plan.feed_input = feeds.pending()
+        return plan
+
+    def walk_native(self, plan: BuildPlan, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
+                    draft_tokens: torch.Tensor) -> StepResult:
+        """Second part, when ``plan.handles`` is set: the waiting runs and the whole walk in one native call
+        (``NativeGrammar.step_batch``; the GIL released throughout), with the stale rows of the previous build reset
+        in it: :meth:`native_call`, the call, :meth:`native_result`. Raises only if the module refused the call,
+        which then touched nothing."""
+        call = self.native_call(plan, retrieve_next_token, retrieve_next_sibling, draft_tokens)
+        c = time.thread_time()
+        raw = call()
+        return self.native_result(plan, raw, time.thread_time() - c)
+
+    def native_call(self, plan: BuildPlan, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
+                    draft_tokens: torch.Tensor) -> Callable[[], Any]:
+        """The native call of ``plan`` (``NativeGrammar.step_call``), not yet made, on the tree tensors given (their
+        contents are read when it is called: a grammar thread may make it once the tree's host copy, the waiting runs'
+        results and the previous upload of the buffer are done). Marks the start of the native work."""
+        nat = self.native
+        assert nat is not None and plan.handles is not None and plan.mask is not None
+        bs, n = len(plan.requests), plan.n
+        if tuple(retrieve_next_token.shape) != (bs, n):
+            raise ValueError(f"the tree is {tuple(retrieve_next_token.shape)}, the build was prepared for "
+                             f"[{bs}, {n}]")
+        handles, packed, results = plan.feed_input if plan.feed_input is not None else ((), (), ())
+        plan.native_t0 = time.perf_counter()
+        return nat.step_call(handles, packed, results, plan.handles, plan.native, retrieve_next_token,
+                             retrieve_next_sibling, draft_tokens, plan.mask, plan.vocab_size, plan.limit,
+                             plan.threads, plan.stale if plan.own_buffer else (), self._buf)
+
+    def native_result(self, plan: BuildPlan, raw: Any, cpu_s: float) -> StepResult:
+        """The result of ``plan``'s native call (``raw``, which cost its thread ``cpu_s`` of CPU time), read on the
+        thread that prepared ``plan``; updates the builder's counters."""
+        nat = self.native
+        assert nat is not None
+        res = nat.step_result(raw, len(plan.feed_input[0]) if plan.feed_input is not None else 0, len(plan.native))
+        self.native_cpu_s += cpu_s  # tvm-ffi releases the GIL for the whole call
+        self.native_walks += 1
+        if res.total:
+            per_fill = (time.perf_counter() - plan.native_t0) / res.total * plan.threads
+            self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
+        return res
+
+    def abandon_native(self, plan: BuildPlan, exc: BaseException) -> None:
+        """The native call of ``plan`` was refused or never made (it touched nothing): feed the waiting runs here and
+        walk every request in Python in :meth:`finish`, request by request."""
+        logger.warning("sglang-eagle-overlap: native tree mask build failed (%s: %s); rebuilding request by request",
+                       type(exc).__name__, exc)
+        if plan.feeds is not None:
+            plan.feeds.feed()
+        plan.feed_input = None
+        plan.handles = None
+        plan.generic = plan.generic + plan.native
+        plan.native = []
+
+    def finish(self, plan: BuildPlan, res: Optional[StepResult], retrieve_next_token: torch.Tensor,
+               retrieve_next_sibling: torch.Tensor, draft_tokens: torch.Tensor) -> TreeMask:
+        """Last part, on the thread that prepared ``plan``: record the native call's feeds in the ledger plan, walk in
+        Python what it did not (host grammars, requests whose walk raised; everything without the native walk),
+        report failures and time-limit hits, and remember the rows written for the next build's sparse reset.
+        ``res`` is :meth:`walk_native`'s result, or None when it did not run."""
+        requests, n, vocab_size = plan.requests, plan.n, plan.vocab_size
+        mask = plan.mask
+        if mask is None:
+            return TreeMask(bitmask=None, build_s=time.perf_counter() - plan.t0)
+        bs = len(requests)
+        result = TreeMask(bitmask=mask)
+        written: List[int] = []  # rows this build may leave other than all-allowed (the sparse reset's next input)
+        generic = plan.generic
+        native = plan.native
+        forced = plan.forced
+        limit = plan.limit
+        clock = self.clock
+        lists = None
         # The time limit covers the walk and its fills only: one-time set-up (the bitmask buffer's growth -- a pinned
         # allocation on a GPU host --, the fill thread pool) must never make a request drop its drafts.
-        clock = self.clock
         deadline = None if limit is None else clock() + limit
-        result = TreeMask(bitmask=mask)
-        if native:
+        if res is not None:
+            if plan.feeds is not None and plan.feed_input is not None:
+                plan.feeds.fill(res.feeds, {i: e for (kind, i), e in res.errors.items() if kind == "f"})
+            result.valid_nodes += res.total
+            self.reset_rows += res.reset
+            written.extend(res.written)
+            failed: List[int] = []
+            status = res.status
+            if WALK_TIMED_OUT in status or WALK_FAILED in status:
+                for i, st in zip(native, status):
+                    if st == WALK_TIMED_OUT:
+                        result.timed_out.append(i)
+                    elif st == WALK_FAILED:
+                        failed.append(i)
+                        _fill_all_allowed(mask[i * n : (i + 1) * n])  # the exact walk below finds out why
+            if failed:
+                logger.warning("sglang-eagle-overlap: native tree walk raised for %d request(s) (%s); walking them "
+                               "again one by one", len(failed),
+                               "; ".join(e for (kind, _), e in res.errors.items() if kind == "w"))
+                generic = generic + failed
+        elif native:
+            lists = _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
+            if self.strategy == "lockstep":
+                self._ensure_batch_matchers()
+            if forced is not None:
+                forced.begin(bs * n)
+            deadline = None if limit is None else clock() + limit
             try:
-                if handles is not None:
-                    result.valid_nodes += self._native_batch_walk(handles, native, retrieve_next_token,
-                                                                  retrieve_next_sibling, draft_tokens, vocab_size,
-                                                                  mask, deadline, result.timed_out, written)
-                elif self.strategy == "lockstep":
-                    assert lists is not None
+                if self.strategy == "lockstep":
                     nxt, sib, tok = lists
                     result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask,
                                                          deadline, result.timed_out, forced, written)
@@ -311,13 +500,15 @@ class TreeMaskBuilder:
                 result.timed_out.clear()
                 result.valid_nodes = 0
                 generic = generic + native
+        elif forced is not None:
+            forced.begin(bs * n)
         if generic and lists is None:
             lists = _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
         for i in generic:
             assert lists is not None
             nxt, sib, tok = lists
             written.extend(range(i * n, (i + 1) * n))
-            if stale:  # a host grammar's fill need not overwrite its whole row: start it from all-allowed
+            if plan.stale:  # a host grammar's fill need not overwrite its whole row: start it from all-allowed
                 _fill_all_allowed(mask[i * n : (i + 1) * n])
             try:
                 valid, done = _walk_request(requests[i], nxt[i], sib[i], tok[i], vocab_size, mask, i * n, deadline,
@@ -339,37 +530,13 @@ class TreeMaskBuilder:
                     "sglang-eagle-overlap: tree mask for request %s exceeded %.1f ms; this step it accepts only the "
                     "grammar-masked bonus token", requests[i].request_id or f"row {i}", (limit or 0) * 1e3,
                 )
-        if out is None:
-            self._settle(stale, written)
-        result.build_s = time.perf_counter() - t0
+        if plan.own_buffer:
+            # The native call reset the stale rows it did not fill itself; otherwise they are reset here.
+            self._settle([] if res is not None else plan.stale, written)
+        result.build_s = time.perf_counter() - plan.t0
         return result
 
     # -- strategies ----------------------------------------------------------------------------------------------
-    def _native_batch_walk(self, handles: List[Any], rows: List[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
-                           tok_t: torch.Tensor, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
-                           timed_out: List[int], written: List[int]) -> int:
-        """:meth:`_lockstep` in one native call (``NativeGrammar.walk_trees``): the same rows, the same matcher states
-        after it, the same time-limit contract (roots always exact; a request cut by the deadline keeps only its root
-        row). Spread over ``threads`` only when the batch's estimated fill work is worth a pool's wake-up, as the
-        Python walk's rounds are."""
-        assert self.native is not None
-        k = len(rows)
-        pooled = self.threads > 1 and k >= self.parallel_min_fills and k * self._fill_cost_s >= self.parallel_min_work_s
-        threads = self.threads if pooled else 1
-        t = time.perf_counter()
-        c = time.thread_time()
-        budget = None if deadline is None else deadline - self.clock()
-        status, wrote, valid = self.native.walk_trees(handles, rows, nxt_t, sib_t, tok_t, mask, vocab_size, budget,
-                                                      threads)
-        self.native_cpu_s += time.thread_time() - c  # tvm-ffi releases the GIL for the whole call
-        self.native_walks += 1
-        if valid:
-            per_fill = (time.perf_counter() - t) / valid * threads
-            self._fill_cost_s += 0.25 * (per_fill - self._fill_cost_s)
-        written.extend(wrote)
-        timed_out.extend(i for i, st in zip(rows, status) if st <= -2)
-        return valid
-
     def _native(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
                 tok_t: torch.Tensor, n: int, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
                 timed_out: List[int]) -> int:

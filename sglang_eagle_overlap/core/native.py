@@ -27,6 +27,7 @@ calls that need them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -36,19 +37,21 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NATIVE_SOURCE", "NativeGrammar", "NativeUnavailable", "build_native", "default_cache_dir", "load_native"]
+__all__ = ["NATIVE_SOURCE", "NativeGrammar", "NativeUnavailable", "StepResult", "build_native",
+           "default_cache_dir", "load_native"]
 
 logger = logging.getLogger(__name__)
 
 NATIVE_SOURCE = Path(__file__).resolve().parents[1] / "native" / "grammar_batch.cc"
 
-# FeedRuns' state codes (grammar_batch.cc).
-FED, TERMINATED, REJECTED, TERMINATED_BEFORE = 0, 1, 2, 3
+# StepBatch's feed states and walk statuses (grammar_batch.cc).
+FED, TERMINATED, REJECTED, TERMINATED_BEFORE, FEED_ERROR, NOT_FED = 0, 1, 2, 3, 4, 5
+WALKED, WALK_TERMINATED, WALK_TIMED_OUT, WALK_FAILED = 0, 1, 2, 3
 
 
 class NativeUnavailable(RuntimeError):
@@ -141,35 +144,115 @@ class NativeGrammar:
         for m in matchers:
             if type(m) is not t:
                 return None
-            out.append(getattr(m, "_handle"))  # xgrammar's tvm-ffi object (a private attribute: typed as object)
+            out.append(self.handle(m))
         return out
 
-    def walk_trees(self, handles: Sequence[Any], rows: Sequence[int], nxt: torch.Tensor, sib: torch.Tensor,
-                   tok: torch.Tensor, mask: torch.Tensor, vocab_size: int, budget_s: Optional[float],
-                   threads: int = 1) -> Tuple[Sequence[int], Sequence[int], int]:
-        """The lockstep walk of ``TreeMaskBuilder`` for the requests at batch ``rows`` (``handles[k]`` is row
-        ``rows[k]``'s matcher) over the host tree ``nxt`` / ``sib`` (``[bs, n]``) and ``tok`` (``bs * n`` values; int32
-        or int64 each), into ``mask`` (int32, contiguous, ``[>= bs * n, width]``; every row this call may write holds
-        all-allowed or a stale fill the walk never reads). ``budget_s`` None: no time limit.
+    @staticmethod
+    def handle(matcher: Any) -> Any:
+        """The tvm-ffi object of an ``xgrammar.GrammarMatcher`` whose type the caller checked (``matcher_type``):
+        xgrammar's ``_handle``, the only place this package reads that private attribute."""
+        return getattr(matcher, "_handle")
 
-        Returns ``(status, written, valid)``: ``status[k]`` is -1 for a terminated request (rows untouched), its
-        valid nodes (root included), or ``-(2 + valid)`` when the time limit cut its walk (its non-root rows are
-        then all-allowed again); ``written`` lists the rows filled; ``valid`` sums the valid nodes. No torch call
-        is made here: the lists go to C++ as tvm-ffi arrays, the tensors as views."""
-        k = len(rows)
-        out = self.module.walk_trees(handles, rows, nxt, sib, tok, mask, vocab_size,
-                                     -1.0 if budget_s is None else max(budget_s, 0.0), threads)
-        return out[1 : k + 1], out[k + 1 :], out[0]
+    def step_batch(self, feed_handles: Sequence[Any], feed_packed: Sequence[int],
+                   sources: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor], int]], walk_handles: Sequence[Any],
+                   rows: Sequence[int], nxt: Optional[torch.Tensor], sib: Optional[torch.Tensor],
+                   tok: Optional[torch.Tensor], mask: Optional[torch.Tensor], vocab_size: int,
+                   budget_s: Optional[float], threads: int = 1, reset: Sequence[int] = (),
+                   buffer: Optional[torch.Tensor] = None) -> StepResult:
+        """A verify step's xgrammar work in one call (``grammar_batch.cc``: ``StepBatch``).
+
+        1. Feeds, as ``AcceptLedger``'s native feed: run ``f`` goes to ``feed_handles[f]``'s matcher (runs of one
+           matcher in order). ``feed_packed`` holds per run ``live`` (1: its last run left the matcher not
+           terminated), then ``-1, len, tokens...`` or ``s, row``: the run ``row`` of result ``sources[s] = (ids,
+           accept_lens or None for a prefill, stride)``, read in C++ (the results' host copies must be done).
+        2. The lockstep walk of ``TreeMaskBuilder`` for the requests at batch ``rows`` (``walk_handles[k]`` is row
+           ``rows[k]``'s matcher, fed first when it has runs) over the host tree ``nxt`` / ``sib`` (``[bs, n]``) and
+           ``tok`` (``bs * n`` values; int32 or int64 each), into ``mask`` (int32, contiguous, ``[>= bs * n, width]``;
+           every row this call may write holds all-allowed or a stale fill the walk never reads). ``budget_s`` None:
+           no time limit.
+        3. Every row of ``reset`` (rows of ``buffer``, the whole reusable bitmask whose first rows ``mask`` is) that
+           this call did not fill is set back to all-allowed.
+
+        Each matcher is handled by one of ``threads`` threads (the caller's and persistent helpers), all roots before
+        any walk; an error stays with its request (:class:`StepResult`). The tree tensors may be None when nothing is
+        walked. No torch call is made here: the lists go to C++ as tvm-ffi arrays, the tensors as views."""
+        call = self.step_call(feed_handles, feed_packed, sources, walk_handles, rows, nxt, sib, tok, mask, vocab_size,
+                              budget_s, threads, reset, buffer)
+        return self.step_result(call(), len(feed_handles), len(rows))
+
+    def step_call(self, feed_handles: Sequence[Any], feed_packed: Sequence[int],
+                  sources: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor], int]], walk_handles: Sequence[Any],
+                  rows: Sequence[int], nxt: Optional[torch.Tensor], sib: Optional[torch.Tensor],
+                  tok: Optional[torch.Tensor], mask: Optional[torch.Tensor], vocab_size: int,
+                  budget_s: Optional[float], threads: int = 1, reset: Sequence[int] = (),
+                  buffer: Optional[torch.Tensor] = None) -> Callable[[], Any]:
+        """:meth:`step_batch`'s native call with its arguments bound, not yet made: calling it makes the call (GIL-free
+        for its whole length, so another thread can make it while this one runs Python) and returns its raw result,
+        which :meth:`step_result` reads. The tensors are read when it is called, not before."""
+        if nxt is None or sib is None or tok is None or mask is None:
+            if walk_handles:
+                raise ValueError("a walk needs the tree tensors and the mask")
+            nxt = sib = tok = mask = _empty()
+        if buffer is None:
+            if reset:
+                raise ValueError("a reset needs the buffer")
+            buffer = _empty()
+        ids = [src[0] for src in sources]
+        lens = [src[1] if src[1] is not None else _empty() for src in sources]
+        strides = [src[2] for src in sources]
+        return functools.partial(self.module.step_batch, feed_handles, feed_packed, ids, lens, strides, walk_handles,
+                                 rows, nxt, sib, tok, mask, vocab_size,
+                                 -1.0 if budget_s is None else max(budget_s, 0.0), threads, reset, buffer)
+
+    def step_result(self, values: Any, feeds: int, walks: int) -> StepResult:
+        """:class:`StepResult` of a raw result of :meth:`step_call` with ``feeds`` runs and ``walks`` walk requests
+        (the error messages, if any, are fetched from the module: read it before the next call)."""
+        w, f = walks, feeds
+        a = 3 + 2 * w
+        return StepResult(total=values[0], status=values[3 : 3 + w], valid=values[3 + w : a],
+                          feeds=values[a : a + 2 * f], written=values[a + 2 * f :],
+                          errors=_errors(self.module.step_errors()) if values[2] else {}, reset=values[1])
 
     def feed_runs(self, handles: Sequence[Any], runs: Sequence[Sequence[int]],
-                  live: Sequence[bool]) -> List[Tuple[int, int]]:
-        """Feed ``runs[k]`` to ``handles[k]``'s matcher as ``AcceptLedger``'s native feed does (``live[k]``: its last
-        run left it not terminated). One ``(retained, state)`` per run, state one of ``FED``, ``TERMINATED``,
-        ``REJECTED``, ``TERMINATED_BEFORE``."""
+                  live: Sequence[bool]) -> StepResult:
+        """:meth:`step_batch` without a walk: ``runs[k]`` fed to ``handles[k]``'s matcher. ``StepResult.feeds`` holds
+        ``retained, state`` per run, state one of ``FED``, ``TERMINATED``, ``REJECTED``, ``TERMINATED_BEFORE``,
+        ``FEED_ERROR`` (its message in ``errors``; ``retained`` tokens were consumed before it) or ``NOT_FED`` (an
+        earlier run of the same matcher failed)."""
         packed: List[int] = []
         for run, lv in zip(runs, live):
-            packed.append(1 if lv else 0)
-            packed.append(len(run))
+            packed += (1 if lv else 0, -1, len(run))
             packed.extend(run)
-        out = self.module.feed_runs(handles, packed)
-        return list(zip(out[0::2], out[1::2]))
+        return self.step_batch(handles, packed, (), (), (), None, None, None, None, 0, None)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What :meth:`NativeGrammar.step_batch` hands back. ``status[k]`` / ``valid[k]``: walk request ``k``'s outcome
+    (``WALKED``, ``WALK_TERMINATED`` -- rows untouched --, ``WALK_TIMED_OUT`` -- its non-root rows all-allowed again
+    --, ``WALK_FAILED`` -- its rows are the caller's to reset) and its valid nodes, root included; ``total`` sums the
+    valid nodes of all but failed requests; ``feeds[2 f]``, ``feeds[2 f + 1]``: run ``f``'s retained tokens and
+    state; ``written``: the rows filled; ``reset``: the rows the sparse reset set back to all-allowed; ``errors``:
+    ``("f" or "w", index) -> message`` of the runs and walks that raised."""
+
+    total: int
+    status: Sequence[int]
+    valid: Sequence[int]
+    feeds: Sequence[int]
+    written: Sequence[int]
+    errors: Dict[Tuple[str, int], str]
+    reset: int = 0
+
+
+def _errors(raw: Sequence[str]) -> Dict[Tuple[str, int], str]:
+    out: Dict[Tuple[str, int], str] = {}
+    for text in raw:
+        head, _, message = str(text).partition(": ")
+        out[(head[0], int(head[1:]))] = message
+    return out
+
+
+def _empty() -> torch.Tensor:
+    import torch
+
+    return torch.zeros((0, 1), dtype=torch.int32)

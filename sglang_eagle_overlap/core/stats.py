@@ -20,6 +20,7 @@ COUNTERS = (
     "barrier_runs",  # (batch, result) pairs advanced at the verify barrier
     "replays",  # post-processing asks answered from the ledger (already fed at the barrier)
     "stand_aside_algorithms",  # algorithms whose grammar batches the integration left to SGLang (logged once each)
+    "thread_steps",  # verify steps whose native call ran on the grammar thread
 )
 
 

@@ -39,14 +39,15 @@ import json
 import logging
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
-from sglang_eagle_overlap.core.ledger import AcceptLedger, AdvanceOutcome, GrammarLike, LedgerError, MatcherLike, Run
-from sglang_eagle_overlap.core.mask import MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
-from sglang_eagle_overlap.core.native import NativeGrammar
+from sglang_eagle_overlap.core.ledger import (AcceptLedger, AdvanceOutcome, GrammarLike, LedgerError, LedgerPlan,
+                                              MatcherLike, ResultRuns, RowRun, Run)
+from sglang_eagle_overlap.core.mask import BuildPlan, MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
+from sglang_eagle_overlap.core.native import NativeGrammar, StepResult
 from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
 from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
 from sglang_eagle_overlap.core.timeline import Timeline
@@ -84,12 +85,19 @@ class MaskJob:
     vocab_size: int
     barrier: Optional[Callable[[], Any]] = None
     allow_timeout: bool = True
-    future: Optional["Future[TreeMask]"] = None
+    future: Optional[_GrammarThread] = None  # the grammar thread, running this job's part (start_build)
     marks: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     gil_s: float = 0.0
     submit_s: float = 0.0
     tree_nodes: int = 0
     forced: bool = False  # record grammar-forced continuations (an EAGLE tree whose next step can use them)
+    # Set once the barrier ran (grammar thread: in start_build): its runs in the ledger plan, the callers waiting for
+    # their outcomes, and the build prepared for them.
+    ledger_plan: Optional[LedgerPlan] = None
+    waiting: List[Tuple[List[int], Callable[[List[AdvanceOutcome]], None]]] = field(default_factory=list)
+    build: Optional[BuildPlan] = None
+    upload_event: Optional[DeviceEvent] = None  # the previous upload the grammar thread waits for
+    tree_views: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # [bs, n] views of the tree copy
 
     @property
     def advance_s(self) -> float:
@@ -102,6 +110,93 @@ class MaskJob:
     @property
     def build_s(self) -> float:
         return self.marks[3] - self.marks[2]
+
+
+def _fed(plan: LedgerPlan, slots: Sequence[int]) -> List[AdvanceOutcome]:
+    """The outcomes at ``slots`` of a fed plan (re-anchored by ``GrammarStep._plan``: no ledger error is left)."""
+    out: List[AdvanceOutcome] = []
+    for i in slots:
+        result = plan.out[i]
+        if isinstance(result, LedgerError):
+            raise result
+        out.append(result)
+    return out
+
+
+class _GrammarThread:
+    """The grammar thread: one daemon thread that runs one handed-off job at a time. A hand-off is a lock release and
+    the join a lock acquire (no executor, future or queue, nothing allocated per job): the thread's own Python around
+    a job is a few bytecodes, so it takes the GIL from the scheduler thread only while its job is outside a GIL-free
+    call. :meth:`result` must be called once per :meth:`submit`, before the next one (``GrammarStep`` joins or settles
+    a job before it starts another)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Lock()
+        self._ready.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._fn: Optional[Callable[..., Any]] = None
+        self._args: Tuple[Any, ...] = ()
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+        self.cpu_s = 0.0  # the thread's CPU time for the last job
+        self._thread = threading.Thread(target=self._loop, name="sglang-eo-grammar", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> _GrammarThread:
+        """Start ``fn(*args)`` on the thread; returns this thread, whose :meth:`result` joins it."""
+        self._fn, self._args = fn, args
+        self._ready.release()
+        return self
+
+    def result(self) -> Any:
+        """Wait for the job (the GIL is released while waiting) and return its value or raise its exception."""
+        self._done.acquire()
+        value, error, self._value, self._error, self._args = self._value, self._error, None, None, ()
+        if error is not None:
+            raise error
+        return value
+
+    def stop(self) -> None:
+        """End the thread (tests; a worker process simply exits). No job may be running."""
+        self._fn = None
+        self._ready.release()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            self._ready.acquire()
+            fn = self._fn
+            if fn is None:
+                return
+            c0 = time.thread_time()
+            try:
+                self._value = fn(*self._args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+                self._error = exc
+            finally:
+                self.cpu_s = time.thread_time() - c0
+                self._done.release()
+
+
+def _native_job(results: Sequence[ResultRuns], tree: PendingTree, upload_event: Optional[DeviceEvent],
+                call: Callable[[], Any]) -> Tuple[Any, float, float, float]:
+    """The grammar thread's part of a step (``GrammarStep.start_build``): GIL-free device-event waits for the previous
+    results' host copies, the verify tree's and the previous upload, then the one native call (GIL-free). Touches no
+    Python object of the host, the ledger or the build (the scheduler thread holds them) and reads nothing of the
+    result: the scheduler thread reads it after the join. Returns the raw result, when the waits ended and when the
+    call did, and this thread's CPU time in the call (the rest of its CPU time, ``_GrammarThread.cpu_s`` minus this,
+    is what it can have taken from the GIL)."""
+    for result in results:
+        result.wait()
+    tree.resolve()
+    if upload_event is not None:
+        upload_event.synchronize()
+    t2 = time.perf_counter()
+    c1 = time.thread_time()
+    raw = call()
+    c2 = time.thread_time()
+    return raw, t2, time.perf_counter(), c2 - c1
 
 
 class _Inert:
@@ -159,7 +254,7 @@ class GrammarStep:
         self._last_log = float("-inf")
         # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
         self.grammar_thread = grammar_thread
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._thread: Optional[_GrammarThread] = None
         # Grammar-forced drafts (issue 19): filled during the build, uploaded with the mask; None = off.
         self.forced = forced
         self._forced_seen = (0, 0)  # (proposed, accepted) already reported to the exporter
@@ -168,6 +263,11 @@ class GrammarStep:
         # builder and the ledger. None: Python only.
         self._native_loader = native
         self.native: Optional[NativeGrammar] = None
+        # advance_later inside a build's barrier: the build's ledger plan and the callers waiting for its outcomes
+        # (set and cleared by _run around the barrier, on whichever thread runs it).
+        self._collecting: Optional[LedgerPlan] = None
+        self._waiting: List[Tuple[List[int], Callable[[List[AdvanceOutcome]], None]]] = []
+        self._open: Optional[MaskJob] = None  # the grammar-thread job started and not yet joined
 
     @property
     def builder(self) -> TreeMaskBuilder:
@@ -203,6 +303,11 @@ class GrammarStep:
         self.stats.count(name, k)
 
     @property
+    def ledger_size(self) -> int:
+        """Requests the ledger holds (what :meth:`prune` bounds)."""
+        return len(self.ledger)
+
+    @property
     def tokens_fed(self) -> int:
         """Tokens fed to grammars through the ledger since start (replays feed nothing)."""
         return self.ledger.tokens_fed
@@ -210,14 +315,30 @@ class GrammarStep:
     def replay(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[AdvanceOutcome]:
         """The recorded outcome of ``key``'s run at ``start`` if it was fed with these same ``tokens`` (counted as a
         replay), else None: then :meth:`advance_many` decides (a fresh run, or a conflict it re-anchors)."""
+        if self._open is not None:
+            self._settle_open()
         past = self.ledger.outcome(key, start)
-        if past is None or past.tokens != tuple(map(int, tokens)):
+        if past is None or past.tokens != tuple(tokens):  # tuple equality: numpy / torch integers compare as ints
             return None
         self.stats.count("replays")
         return past
 
+    def replay_kept(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[List[int]]:
+        """Post-processing's common case in one call: the whole run, when ``key``'s run at ``start`` was fed with these
+        ``tokens``, kept them all and raised nothing (counted as a replay); else None, and the caller asks
+        :meth:`replay` / :meth:`advance_many` (a cut run, a rejection, a fresh run or a conflict)."""
+        if self._open is not None:
+            self._settle_open()
+        past = self.ledger.outcome(key, start)
+        if past is None or past.error is not None or len(past.retained) != len(past.tokens) or \
+                past.tokens != tuple(tokens):  # tuple equality: numpy / torch integers compare as ints
+            return None
+        self.stats.count("replays")
+        return list(past.retained)
+
     def was_advanced(self, key: Hashable, start: int) -> bool:
         """True if the run of ``key`` at output position ``start`` was already fed (a later ask is a replay)."""
+        self._settle_open()
         return self.ledger.outcome(key, start) is not None
 
     # -- 2./4. the exactly-once advance --------------------------------------------------------------------------
@@ -238,25 +359,65 @@ class GrammarStep:
         If the ledger and the host disagree about a run's position (the host rolled or rebuilt the matcher behind the
         ledger's back), that entry is re-anchored at the host's position, counted and logged, instead of raising into
         the host's scheduler loop; the other runs are not affected."""
-        ledger = self.ledger
-        replays = ledger.replays
-        results = ledger.advance_many(runs, on_feed)
-        out: List[AdvanceOutcome] = []
-        for run, result in zip(runs, results):
+        self._settle_open()
+        plan = self.ledger.plan()
+        replays = self.ledger.replays
+        slots = list(plan.add(runs, on_feed))
+        if plan.errors:
+            self._reanchor(plan, slots, runs.__getitem__, on_feed)
+        self._count_replays(count_replays, replays)
+        plan.feed()
+        return _fed(plan, slots)
+
+    def advance_later(self, rows: Sequence[RowRun], result: ResultRuns,
+                      on_done: Callable[[List[AdvanceOutcome]], None],
+                      on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None, *,
+                      count_replays: bool = False) -> None:
+        """:meth:`advance_many` of ``(key, grammar, start, matcher, row)``: the runs of those rows of ``result``, their
+        outcomes handed to ``on_done``. Called from a mask build's barrier (``start_build`` / ``build_mask``'s
+        ``barrier``), the runs are checked by the ledger at once and fed by that build, with its tree walk, in one
+        native call, which reads their tokens from ``result`` itself once its host copy is done (so a barrier run
+        before the verify launch never waits for the copy); called elsewhere, at once. Either way every run is fed
+        exactly once and ``on_done`` is called once -- for a barrier, when the build is joined (``finish_build``),
+        also when it failed. Until then the caller must not read the runs' effects (SGLang's loop reads them only
+        after sampling)."""
+        plan = self._collecting
+        if plan is None:
+            on_done(self.advance_many([(k, g, s, result.run(r), m) for k, g, s, m, r in rows], on_feed,
+                                      count_replays=count_replays))
+            return
+        replays, errors = self.ledger.replays, plan.errors
+        slots = list(plan.add_rows(rows, result, on_feed))
+        if plan.errors != errors:
+            self._reanchor(plan, slots,
+                           lambda j: (rows[j][0], rows[j][1], rows[j][2], result.run(rows[j][4]), rows[j][3]), on_feed)
+        self._count_replays(count_replays, replays)
+        self._waiting.append((slots, on_done))
+
+    def _reanchor(self, plan: LedgerPlan, slots: List[int], run_of: Callable[[int], Run],
+                  on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> List[int]:
+        """Re-anchor every run of ``slots`` (the j-th is ``run_of(j)``) that the ledger disagreed with (see
+        :meth:`advance_many`) and add it again; returns the slots with the new ones."""
+        out = plan.out
+        for j, slot in enumerate(slots):
+            result = out[slot]
             if isinstance(result, LedgerError):
-                key, grammar, start, tokens, matcher = run
+                key, grammar, start, tokens, matcher = run_of(j)
                 logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
                                key, start, result)
                 self.stats.count("ledger_resets")
-                ledger.reset(key, start)
-                result = ledger.advance(key, grammar, start, tokens, matcher, on_feed)
-            out.append(result)
-        if count_replays and ledger.replays != replays:
-            self.stats.count("replays", ledger.replays - replays)
-        return out
+                plan.feed()  # a run of this key may wait: the re-anchor must not drop its entry under it
+                self.ledger.reset(key, start)
+                slots[j] = plan.add(((key, grammar, start, tokens, matcher),), on_feed)[0]
+        return slots
+
+    def _count_replays(self, count: bool, before: int) -> None:
+        if count and self.ledger.replays != before:
+            self.stats.count("replays", self.ledger.replays - before)
 
     def prune(self, live: Collection[Hashable], finished: Sequence[Hashable] = ()) -> None:
         """Keep the ledger bounded: drop ``finished`` requests, and all not ``live`` once it outgrows the batch."""
+        self._settle_open()
         for key in finished:
             self.ledger.forget(key)
         if len(self.ledger) > max(64, 4 * len(live)):
@@ -272,33 +433,59 @@ class GrammarStep:
         barrier: Optional[Callable[[], Any]] = None,
         allow_timeout: bool = True,
     ) -> MaskJob:
-        """Hand the step's grammar work (``barrier()``, tree wait, mask build) to the grammar thread, or, with it
-        off, just record it for :meth:`finish_build`. Call after :meth:`copy_tree`, before the target-verify launch
-        (grammar thread) or anywhere before :meth:`finish_build` (inline). ``allow_timeout=False`` builds without the
-        time limit (callers that cannot neutralise drafts). With forced drafts on, the build records each valid node's
-        grammar-forced continuation and :meth:`finish_build` uploads the table (EAGLE trees: their next step takes
-        them)."""
+        """Start the step's grammar work, or, inline (grammar thread off), just record it for :meth:`finish_build`.
+        Call after :meth:`copy_tree`, before the target-verify launch (grammar thread) or anywhere before
+        :meth:`finish_build` (inline). ``allow_timeout=False`` builds without the time limit (callers that cannot
+        neutralise drafts). With forced drafts on, the build records each valid node's grammar-forced continuation and
+        :meth:`finish_build` uploads the table (EAGLE trees: their next step takes them).
+
+        With the grammar thread, here on the scheduler thread: ``barrier()`` (its runs are checked by the ledger and
+        queued by row: their tokens are not read, so nothing waits for the previous result's host copy) and the
+        build's preparation (rows sorted, buffer taken); then the grammar thread waits for the previous result, the
+        tree and the previous upload (GIL-free device-event waits) and makes the step's one native call (feeds and
+        walk, GIL-free); :meth:`finish_build` joins it. Where the native walk does not apply (no native module,
+        forced drafts, a matcher subclass), the work runs inline in :meth:`finish_build`."""
         t0 = time.perf_counter()
+        self._settle_open()
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=allow_timeout and self._may_time_out(), forced=self.forced is not None)
-        if self.grammar_thread:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-eo-grammar")
-            job.future = self._executor.submit(self._run, job, True)
+        builder = self.builder
+        if self.grammar_thread and not job.forced and builder.native is not None:
+            self._collect(job)
+            plan = job.ledger_plan
+            assert plan is not None
+            host = tree.host
+            bs, n = host[0].shape[0], host[0].shape[-1]
+            job.tree_nodes = n
+            # Views of the tree copy's host buffers: valid now, filled once the copy is done (the grammar thread waits)
+            job.tree_views = (host[0].reshape(bs, n), host[1].reshape(bs, n), host[2].reshape(bs, n))
+            job.build = builder.prepare(requests, n, vocab_size, allow_timeout=job.allow_timeout, feeds=plan)
+            if job.build.handles is not None:
+                call = builder.native_call(job.build, *job.tree_views)
+                if self._thread is None:
+                    self._thread = _GrammarThread()
+                job.upload_event, self._upload_event = self._upload_event, None
+                job.future = self._thread.submit(_native_job, plan.sources(), tree, job.upload_event, call)
+                self._open = job
+                self.stats.count("thread_steps")
         job.submit_s = time.perf_counter() - t0
         return job
 
     def finish_build(self, job: MaskJob, *, device: Any, draft_device: Any = None) -> StepMask:
-        """Join the step's grammar work (inline: run it now), then, on the scheduler thread, upload the mask
-        non-blocking (fenced by an event) and neutralise the drafts of requests whose rows are not exact (time limit
-        or a failed build). Call after the target-verify launch, before sampling. ``draft_device`` is the device
-        draft-token tensor the sampler will read. On a CPU device the returned mask aliases the builder's buffer:
-        this step's sampling consumes it before the next build. An exception of the work is raised here."""
+        """Join the step's grammar work (inline: run it now), then, on the scheduler thread, record the feeds, walk
+        what only Python can, upload the mask non-blocking (fenced by an event) and neutralise the drafts of requests
+        whose rows are not exact (time limit or a failed build). Call after the target-verify launch, before sampling.
+        ``draft_device`` is the device draft-token tensor the sampler will read. On a CPU device the returned mask
+        aliases the builder's buffer: this step's sampling consumes it before the next build. An exception of the
+        work is raised here."""
         t0 = time.perf_counter()
         self.probe.on_mask_start(device, t0)
         threaded = job.future is not None
-        result = job.future.result() if job.future is not None else self._run(job, False)
-        t_join = time.perf_counter()
+        if job.future is not None:
+            result, t_join = self._join(job)
+        else:
+            result = self._run(job)
+            t_join = time.perf_counter()
         device_mask = None
         if job.forced and self.forced is not None:
             self.forced.upload(device)
@@ -330,7 +517,7 @@ class GrammarStep:
             tl.span("advance", m0, m1, bs)
             tl.span("tree_wait", m1, m2, bs)
             tl.span("mask_build", m2, m3, bs)
-            if threaded:  # the work ran on the grammar thread; the scheduler thread waited t0 .. t_join
+            if threaded:  # the native work ran on the grammar thread; the scheduler thread waited t0 .. t_join
                 tl.span("grammar_join", t0, t_join, bs)
             tl.span("mask_upload", t_join if threaded else m3, t3, bs)
             tl.point("sample", t3, bs)
@@ -351,35 +538,107 @@ class GrammarStep:
         ``barrier()`` -> tree wait -> build -> upload -> neutralise. ``draft_device`` None means the caller cannot
         neutralise, so the build runs without a time limit. Records no grammar-forced continuations: its callers' trees
         (chain algorithms, host-built trees) never take forced drafts."""
+        self._settle_open()
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=draft_device is not None and self._may_time_out())
         return self.finish_build(job, device=device, draft_device=draft_device)
 
-    def _run(self, job: MaskJob, on_helper: bool) -> TreeMask:
-        """The work itself, on whichever thread: barrier -> tree wait -> wait until the previous upload left the
-        reused host buffer -> build."""
-        cpu0 = time.thread_time() if on_helper else 0.0
-        builder = self.builder
-        native0 = builder.native_cpu_s
+    def _collect(self, job: MaskJob) -> None:
+        """Run ``job``'s barrier: the runs it hands to :meth:`advance_later` go into a fresh ledger plan of the job
+        (``job.ledger_plan``, callers in ``job.waiting``). Marks the barrier's start and end."""
+        plan = job.ledger_plan = self.ledger.plan()
         t0 = time.perf_counter()
         if job.barrier is not None:
-            job.barrier()
-        t1 = time.perf_counter()
-        nxt, sib, draft = job.tree.resolve()
-        t2 = time.perf_counter()
-        if self._upload_event is not None:
-            self._upload_event.synchronize()  # normally long done
-            self._upload_event = None
-        bs, n = nxt.shape[0], nxt.shape[-1]
-        job.tree_nodes = n
-        result = builder.build(job.requests, nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n),
-                               job.vocab_size, allow_timeout=job.allow_timeout,
-                               forced=self.forced if job.forced else None)
-        t3 = time.perf_counter()
-        job.marks = (t0, t1, t2, t3)
-        if on_helper:
-            job.gil_s = max(0.0, (time.thread_time() - cpu0) - (builder.native_cpu_s - native0))
+            self._collecting, self._waiting = plan, job.waiting
+            try:
+                job.barrier()
+            finally:
+                self._collecting, self._waiting = None, []
+        job.marks = (t0, time.perf_counter(), 0.0, 0.0)
+
+    def _run(self, job: MaskJob) -> TreeMask:
+        """The inline work, on the scheduler thread: barrier -> tree wait -> wait until the previous upload left the
+        reused host buffer -> build. The runs the barrier hands to :meth:`advance_later` are checked by the ledger at
+        once and fed by the build, in the same native call as the tree walk where it can; whatever happens, every one
+        is fed, and its caller told, before this returns."""
+        if job.ledger_plan is None:
+            self._collect(job)
+        plan = job.ledger_plan
+        assert plan is not None
+        try:
+            nxt, sib, draft = job.tree.resolve()
+            t2 = time.perf_counter()
+            if self._upload_event is not None:
+                self._upload_event.synchronize()  # normally long done
+                self._upload_event = None
+            bs, n = nxt.shape[0], nxt.shape[-1]
+            job.tree_nodes = n
+            tree = (nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n))
+            builder = self.builder
+            build = job.build
+            if build is None:
+                build = builder.prepare(job.requests, n, job.vocab_size, allow_timeout=job.allow_timeout,
+                                        forced=self.forced if job.forced else None, feeds=plan)
+            res = None
+            if build.handles is not None:
+                try:
+                    res = builder.walk_native(build, *tree)
+                except Exception as exc:  # a refused call (it touched nothing): the Python walk, request by request
+                    builder.abandon_native(build, exc)
+            result = builder.finish(build, res, *tree)
+            job.marks = (job.marks[0], job.marks[1], t2, time.perf_counter())
+        finally:
+            self._complete(job)
         return result
+
+    def _join(self, job: MaskJob) -> Tuple[TreeMask, float]:
+        """Wait for the grammar thread's part of ``job``, then finish the build on this thread (feeds recorded, Python
+        walks, every waiting caller told). Returns the mask and when the wait ended."""
+        assert job.future is not None and job.build is not None and job.tree_views is not None
+        builder = self.builder
+        try:
+            res: Optional[StepResult] = None
+            try:
+                raw, t2, t3, native_cpu_s = job.future.result()
+                t_join = time.perf_counter()
+                res = builder.native_result(job.build, raw, native_cpu_s)
+                job.marks = (job.marks[0], job.marks[1], t2, t3)
+                job.gil_s = max(0.0, job.future.cpu_s - native_cpu_s)
+            except Exception as exc:  # the native call was refused or never made: everything here, in Python
+                t_join = time.perf_counter()
+                builder.abandon_native(job.build, exc)
+                job.tree.resolve()
+                if job.upload_event is not None:
+                    job.upload_event.synchronize()
+            finally:
+                if self._open is job:
+                    self._open = None
+            return builder.finish(job.build, res, *job.tree_views), t_join
+        finally:
+            self._complete(job)
+
+    def _complete(self, job: MaskJob) -> None:
+        """Feed whatever of ``job``'s ledger plan still waits (nothing, unless the build failed before its native
+        call) and hand every waiting caller its outcomes: each exactly once."""
+        plan = job.ledger_plan
+        if plan is None:
+            return
+        waiting, job.waiting = job.waiting, []
+        plan.feed()
+        for slots, on_done in waiting:
+            on_done(_fed(plan, slots))
+
+    def _settle_open(self) -> None:
+        """Finish a grammar-thread job whose :meth:`finish_build` never came (its verify raised): its runs were handed
+        to the ledger by its barrier and must be recorded before the ledger is used again. Its mask is dropped."""
+        job = self._open
+        if job is None:
+            return
+        self._open = None
+        try:
+            self._join(job)
+        except Exception as exc:  # noqa: BLE001 - the step it belonged to is gone; its runs were recorded above
+            logger.warning("sglang-eagle-overlap: an abandoned grammar step failed: %s: %s", type(exc).__name__, exc)
 
     def _forced_counts(self) -> Tuple[int, int, int, int, int]:
         """Forced drafts proposed, changed, accepted, accepted of the changed ones, and nodes with a continuation, since
@@ -396,9 +655,10 @@ class GrammarStep:
 
     def close(self) -> None:
         """Join the grammar thread (tests; a worker process simply exits)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._settle_open()
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
 
     def _may_time_out(self) -> bool:
         """Whether this process may apply the mask time limit: not when it is one of several ranks of a

@@ -15,10 +15,10 @@ Decided once for every integration (hooks and patched SGLang alike):
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from sglang_eagle_overlap.core.ledger import AdvanceOutcome, Run
-from sglang_eagle_overlap.core.mask import MaskRequest
+from sglang_eagle_overlap.core.ledger import AdvanceOutcome, ResultRuns, RowRun, Run
+from sglang_eagle_overlap.core.mask import MaskBatch, MaskRequest
 from sglang_eagle_overlap.core.step import GrammarStep, StepMask
 
 __all__ = [
@@ -27,17 +27,19 @@ __all__ = [
     "accept_runs",
     "advance_request",
     "advance_requests",
+    "advance_rows_later",
     "algorithm_name",
-    "committed_runs",
+    "committed_rows",
     "finish_with_error",
     "innermost_grammar",
     "is_xgrammar",
+    "kept_runs",
     "mask_request_for",
     "mask_requests",
     "output_stride",
     "record_on_xgrammar",
     "RequestRun",
-    "result_runs",
+    "result_rows",
     "settle_mask",
 ]
 
@@ -80,17 +82,23 @@ def mask_request_for(req: Any) -> MaskRequest:
     grammar = getattr(req, "grammar", None)
     rid = str(getattr(req, "rid", ""))
     if grammar is None:
-        return MaskRequest(request_id=rid)
+        return MaskRequest(None, None, rid)
     finished = getattr(req, "finished", None)
     if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
-        return MaskRequest(request_id=rid)
+        return MaskRequest(None, None, rid)
     if is_xgrammar(grammar):
-        return MaskRequest(matcher=grammar.matcher, request_id=rid)
-    return MaskRequest(grammar=grammar, request_id=rid)
+        return MaskRequest(grammar.matcher, None, rid)
+    return MaskRequest(None, grammar, rid)
 
 
-def mask_requests(reqs: Sequence[Any]) -> List[MaskRequest]:
-    return [mask_request_for(r) for r in reqs]
+def mask_requests(reqs: Sequence[Any]) -> MaskBatch:
+    """:func:`mask_request_for` of every request (looked up at each call: test fault injection wraps it), as a
+    ``MaskBatch``, which sorts the rows for the build as they are added."""
+    out = MaskBatch()
+    add, row = out.add, mask_request_for
+    for req in reqs:
+        add(row(req))
+    return out
 
 
 def finish_with_error(req: Any, message: str) -> bool:
@@ -139,6 +147,20 @@ def advance_requests(step: GrammarStep, rows: Sequence[RequestRun]) -> List[Adva
     return step.advance_many(_ledger_runs(rows), record_on_xgrammar)
 
 
+def advance_rows_later(step: GrammarStep, rows: Sequence[RowRun], result: ResultRuns,
+                       on_done: Optional[Callable[[List[AdvanceOutcome]], None]] = None, *,
+                       count_replays: bool = False) -> None:
+    """The runs of ``rows`` (:func:`result_rows`) of ``result`` through ``GrammarStep.advance_later``: inside a mask
+    build's barrier they are queued without reading their tokens and fed by that build (with its tree walk, in one
+    native call), ``on_done`` getting the outcomes when the build is joined; elsewhere at once.
+    :func:`record_on_xgrammar` keeps SGLang's ``XGrammarGrammar`` record of runs fed to its bare matcher."""
+    step.advance_later(rows, result, on_done or _ignore, record_on_xgrammar, count_replays=count_replays)
+
+
+def _ignore(outcomes: List[AdvanceOutcome]) -> None:
+    """The barrier of 0.5.16 needs no outcome: post-processing asks again and is answered from the ledger."""
+
+
 def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
     """:func:`advance_requests` of one run."""
     return advance_requests(step, ((req, start, tokens),))[0]
@@ -148,17 +170,25 @@ def accept_runs(step: GrammarStep, rows: Sequence[RequestRun]) -> List[List[int]
     """Feed every row's run (``tokens`` that ``req`` committed at output position ``start``) to its grammar, exactly
     once (replayed, and counted as ``replays``, if the verify barrier fed it already), and return the run each request
     keeps (module docstring), in order. A rejected token aborts that request alone."""
-    outcomes = step.advance_many(_ledger_runs(rows), record_on_xgrammar, count_replays=True)
-    return [_kept(step, req, tokens, outcome) for (req, _, tokens), outcome in zip(rows, outcomes)]
+    return kept_runs(step, [row[0] for row in rows],
+                     step.advance_many(_ledger_runs(rows), record_on_xgrammar, count_replays=True))
+
+
+def kept_runs(step: GrammarStep, reqs: Sequence[Any], outcomes: Sequence[AdvanceOutcome]) -> List[List[int]]:
+    """The run each request keeps from its outcome (module docstring); a rejection aborts that request alone."""
+    return [list(o.retained) if o.error is None and (o.retained or not o.terminated) else _kept(step, req, o.tokens, o)
+            for req, o in zip(reqs, outcomes)]
 
 
 def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
     """:func:`accept_runs` of one run; a run the barrier already fed is answered from the ledger directly
     (``GrammarStep.replay``: post-processing asks once per request, and that is the common case)."""
-    outcome = step.replay(str(req.rid), start, tokens)
-    if outcome is None:
-        return accept_runs(step, ((req, start, tokens),))[0]
-    return _kept(step, req, tokens, outcome)
+    o = step.replay(str(req.rid), start, tokens)
+    if o is None:
+        return accept_runs(step, ((req, start, [int(t) for t in tokens]),))[0]
+    if o.error is None and (o.retained or not o.terminated):
+        return list(o.retained)
+    return _kept(step, req, o.tokens, o)
 
 
 def _kept(step: GrammarStep, req: Any, tokens: Sequence[int], outcome: AdvanceOutcome) -> List[int]:
@@ -181,21 +211,28 @@ def abort_mask_failed(req: Any, error: str) -> None:
     finish_with_error(req, f"Grammar mask build failed: request {req.rid}: {error}")
 
 
-def committed_runs(reqs: Sequence[Any], next_token_ids: Sequence[int], accept_lens: Optional[Sequence[int]],
-                   stride: int = 1) -> Iterator[Tuple[int, Any, List[int]]]:
-    """``(row, req, run)`` for every row of a result whose run SGLang's post-processing will commit to a grammar: the
-    request is constrained, not finished (SG#28986), not retracted, and -- for a prefill result (``accept_lens`` is
-    None: one token per row) -- not a chunk that did not finish its prompt. Decode rows are
-    ``next_token_ids[i * stride : i * stride + accept_lens[i]]``."""
+def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[str]] = None) -> List[RowRun]:
+    """The ledger's ``(key, grammar, start, matcher, row)`` for every row of a result whose run SGLang's
+    post-processing will commit to a grammar: the request is constrained, not finished (SG#28986), not retracted,
+    and -- for a prefill result (one token per row) -- not a chunk that did not finish its prompt. Keyed by request id
+    at output position ``len(req.output_ids)`` (the result is not yet appended); through the bare xgrammar matcher
+    when the grammar is SGLang's ``XGrammarGrammar`` itself (``AcceptLedger``, "Native feed"), else through the
+    grammar object. Reads the requests only, never the result's tokens. ``finished`` collects the ids of the
+    constrained requests that are finished (the ledger forgets them)."""
+    out: List[RowRun] = []
     for i, req in enumerate(reqs):
-        if req.grammar is None or req.is_retracted or req.finished():
+        grammar = req.grammar
+        if grammar is None or req.is_retracted:
             continue
-        if accept_lens is None:
-            if req.inflight_middle_chunks > 0:
-                continue  # a chunk that did not finish the prompt emits no token
-            yield i, req, [int(next_token_ids[i])]
-        else:
-            yield i, req, list(next_token_ids[i * stride : i * stride + accept_lens[i]])
+        if req.finished():
+            if finished is not None:
+                finished.append(str(req.rid))
+            continue
+        if prefill and req.inflight_middle_chunks > 0:
+            continue  # a chunk that did not finish the prompt emits no token
+        xgrammar = type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher")  # is_xgrammar
+        out.append((str(req.rid), grammar, len(req.output_ids), grammar.matcher if xgrammar else None, i))
+    return out
 
 
 def output_stride(result: Any) -> int:
@@ -212,12 +249,15 @@ def output_stride(result: Any) -> int:
     return int(stride)
 
 
-def result_runs(batch: Any, result: Any) -> Optional[Iterator[Tuple[int, Any, List[int]]]]:
-    """The runs one ``(batch, result)`` of the overlap loop commits to grammars (:func:`committed_runs`), or None when
-    it commits none: no result tokens, an idle batch, neither decode nor extend, or a decode result without accept
-    lengths (whether the batch holds a grammar at all, each band asks first, in its own terms). Waits for the result's
-    host copy before reading it. Both bands' barriers and 0.5.23's post-processing advance read a result through this,
-    so they skip and slice the same rows."""
+def result_rows(batch: Any, result: Any, finished: Optional[List[str]] = None
+                ) -> Optional[Tuple[List[RowRun], ResultRuns]]:
+    """The rows one ``(batch, result)`` of the overlap loop commits to grammars (:func:`committed_rows`; the batch row
+    is the last element) and the result's runs (``ResultRuns``: a decode row's run is ``next_token_ids[i * stride :
+    i * stride + accept_lens[i]]``, a prefill row's the one token ``next_token_ids[i]``), or None when it commits
+    none: no result tokens, an idle batch, neither decode nor extend, or a decode result without accept lengths
+    (whether the batch holds a grammar at all, each band asks first, in its own terms). Does not wait for the result's
+    host copy: ``ResultRuns`` carries its event (``copy_done``). Both bands' barriers and 0.5.23's post-processing
+    advance read a result through this, so they skip and slice the same rows."""
     reqs = getattr(batch, "reqs", None) or []
     mode = batch.forward_mode
     if result is None or result.next_token_ids is None or mode.is_idle():
@@ -225,10 +265,9 @@ def result_runs(batch: Any, result: Any) -> Optional[Iterator[Tuple[int, Any, Li
     is_decode = mode.is_decode() and result.accept_lens is not None
     if not (is_decode or mode.is_extend()):
         return None
-    if result.copy_done is not None:
-        result.copy_done.synchronize()
-    lens = result.accept_lens.tolist() if is_decode else None
-    return committed_runs(reqs, result.next_token_ids.tolist(), lens, output_stride(result) if is_decode else 1)
+    runs = ResultRuns(result.next_token_ids, result.accept_lens if is_decode else None,
+                      output_stride(result) if is_decode else 1, result.copy_done)
+    return committed_rows(reqs, not is_decode, finished), runs
 
 
 def settle_mask(step_mask: StepMask, reqs: Sequence[Any]) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List, Optional, Set, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple, Union
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.native import NativeGrammar, NativeUnavailable, load_native
@@ -43,6 +43,8 @@ class Runtime:
     origin: str = "plugin"
     announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
     forced_decided: bool = False  # forced drafts on "auto": kept or dropped at the first verify (drafts.before_verify)
+    # 0.5.16: whether the server's algorithm is one the band keeps, decided at the first ask per server_args object
+    eagle_server: Optional[Tuple[Any, bool]] = None
 
 
 _process: List[Optional[Runtime]] = [None]

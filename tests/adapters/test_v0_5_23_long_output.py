@@ -64,15 +64,15 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
 
     monkeypatch.setattr(XGrammarGrammar, "rollback", counting_rollback)
     monkeypatch.setattr(XGrammarGrammar, "accept_token", counting_accept)
-    valid_nodes = []  # TreeMask.valid_nodes of every mask the adapter builds
-    orig_build = TreeMaskBuilder.build
+    valid_nodes = []  # TreeMask.valid_nodes of every mask the adapter builds (finish: a build's last part)
+    orig_finish = TreeMaskBuilder.finish
 
-    def recording_build(self, *args, **kwargs):
-        out = orig_build(self, *args, **kwargs)
+    def recording_finish(self, *args, **kwargs):
+        out = orig_finish(self, *args, **kwargs)
         valid_nodes.append(out.valid_nodes)
         return out
 
-    monkeypatch.setattr(TreeMaskBuilder, "build", recording_build)
+    monkeypatch.setattr(TreeMaskBuilder, "finish", recording_finish)
 
     rng = random.Random(0)
     n = 7

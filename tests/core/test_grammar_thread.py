@@ -1,8 +1,11 @@
-"""The grammar thread (issue 17): ``GrammarStep.start_build`` hands the barrier and the mask build to one helper thread
-before the verify launch; ``finish_build`` joins it before sampling. It must produce exactly the inline path's mask,
-keep the exactly-once advance, run its barrier off the calling thread, and never run two jobs at once.
+"""The grammar thread (issue 17): ``GrammarStep.start_build`` runs the barrier on the calling (scheduler) thread -- the
+ledger checks the previous result's runs and queues them by row, without reading their tokens -- prepares the build,
+and hands the step's one native call (those runs fed, then the tree walked) to one helper thread; ``finish_build``
+joins it, records the feeds and finishes the mask. It must produce exactly the inline path's mask and matcher states,
+feed every run exactly once whatever happens in between, keep the helper out of the host's Python objects, and fall
+back to the inline work where the native call does not apply.
 
-Real xgrammar matchers, random draft trees (``sglang_eo_dev.helpers.trees``)::
+Real xgrammar matchers and the plugin's native module; random draft trees (``sglang_eo_dev.helpers.trees``)::
 
     root ── a ── b          request i: nodes 0..n-1, first child = the true continuation,
        └─── c               side nodes grammar-valid with p=0.5
@@ -14,104 +17,129 @@ import random
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
 from sglang_eagle_overlap.core import GrammarStep, MaskRequest
-from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts
+from sglang_eagle_overlap.core.ledger import ResultRuns
+from sglang_eagle_overlap.core.native import NativeGrammar
 from sglang_eagle_overlap.core.timeline import Timeline
-from sglang_eo_dev.helpers.grammars import doc_tokens, matcher
+from sglang_eo_dev.helpers.grammars import doc_tokens, matcher, next_token_bitmask
+from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.trees import eagle_tree
 
 VOCAB = 512
 N = 8
 
 
-class Fed:
-    """Wraps an xgrammar matcher as a ledger grammar and records the thread and tokens of every accept."""
-
-    def __init__(self, m) -> None:
-        self.m = m
-        self.calls: list[tuple[int, int]] = []
-
-    def accept_token(self, t: int) -> bool:
-        self.calls.append((threading.get_ident(), t))
-        return self.m.accept_token(t)
-
-    def is_terminated(self) -> bool:
-        return self.m.is_terminated()
-
-
-def _batch_with_prefixes(seed: int, bs: int, grammar: str = "nested"):
+def _spec(seed: int, bs: int):
+    """Per request: id, the prefix already in its matcher, the run the previous step accepted, the rest."""
     rng = random.Random(seed)
     out = []
     for i in range(bs):
-        doc = doc_tokens(grammar, rng, VOCAB)
+        doc = list(doc_tokens("nested", rng, VOCAB))
         cut = rng.randrange(1, max(2, len(doc) - 6))
-        out.append((f"r{i}", list(doc[:cut]), list(doc[cut:cut + 2]), list(doc[cut + 2:])))
+        k = rng.randint(1, 3)
+        out.append((f"r{i}", doc[:cut], doc[cut:cut + k], doc[cut + k:]))
     return out
 
 
-def _setup(seed: int, bs: int):
-    """Two identical copies of one batch (fresh matchers each), so the inline and threaded runs start equal."""
-    spec = _batch_with_prefixes(seed, bs)
-    rng = random.Random(seed + 1)
-    trees = []
-    for rid, prefix, run, truth in spec:
-        root = matcher("nested", VOCAB, prefix + run)
-        trees.append(eagle_tree(rng, 4, 3, N, truth, VOCAB, matcher=root))
-    nxt = torch.tensor([t.nxt for t in trees], dtype=torch.int64)
-    sib = torch.tensor([t.sib for t in trees], dtype=torch.int64)
-    tok = torch.tensor([t.tok for t in trees], dtype=torch.int64)
+class World:
+    """One batch, its verify tree and the previous step's result (a ``[bs * N]`` token tensor with accept lengths, as
+    SGLang's), with fresh matchers per copy so that two steps can start from equal states."""
 
-    def copy():
-        grammars = {rid: Fed(matcher("nested", VOCAB, prefix)) for rid, prefix, run, truth in spec}
-        return grammars
+    def __init__(self, seed: int, bs: int = 6) -> None:
+        self.spec = _spec(seed, bs)
+        rng = random.Random(seed + 1)
+        trees = [eagle_tree(rng, 4, 3, N, truth, VOCAB, matcher=matcher("nested", VOCAB, prefix + run))
+                 for _, prefix, run, truth in self.spec]
+        self.nxt = torch.tensor([t.nxt for t in trees], dtype=torch.int64)
+        self.sib = torch.tensor([t.sib for t in trees], dtype=torch.int64)
+        self.tok = torch.tensor([t.tok for t in trees], dtype=torch.int64)
+        ids = torch.zeros(bs * N, dtype=torch.int64)
+        for i, (_, _, run, _) in enumerate(self.spec):
+            ids[i * N : i * N + len(run)] = torch.tensor(run)
+        self.ids = ids
+        self.lens = torch.tensor([len(run) for _, _, run, _ in self.spec], dtype=torch.int32)
 
-    return spec, nxt, sib, tok, copy
+    def matchers(self):
+        return [matcher("nested", VOCAB, prefix) for _, prefix, _, _ in self.spec]
+
+    def result(self) -> ResultRuns:
+        return ResultRuns(self.ids, self.lens, N)
+
+    def rows(self, matchers, grammars):
+        return [(rid, grammars[i], len(prefix), matchers[i], i) for i, (rid, prefix, _, _) in enumerate(self.spec)]
 
 
-def _run(step: GrammarStep, spec, grammars, nxt, sib, tok, threaded: bool):
-    """One verify step through the public API; returns (mask copy, barrier thread ids)."""
-    barrier_threads: list[int] = []
+def _step(thread: bool, **kw) -> GrammarStep:
+    return GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=thread, native=native, **kw)
+
+
+def _run(step: GrammarStep, w: World, ms, threaded: bool, *, between=None, result=None):
+    """One verify step through the public API. Returns (mask copy, the barrier's thread ids, the outcomes handed to
+    the barrier's caller, the StepMask)."""
+    grammars = [object() for _ in ms]  # the host's grammar objects around the matchers
+    barrier_threads, outcomes = [], []
+    result = result if result is not None else w.result()
 
     def barrier():
         barrier_threads.append(threading.get_ident())
-        for rid, prefix, run, truth in spec:
-            step.advance(rid, grammars[rid], len(prefix), run)
+        step.advance_later(w.rows(ms, grammars), result, outcomes.append)
 
-    requests = [MaskRequest(matcher=grammars[rid].m, request_id=rid) for rid, *_ in spec]
-    pending = step.copy_tree(nxt, sib, tok)
-    draft = tok.clone().reshape(-1)
+    requests = [MaskRequest(matcher=m, request_id=rid) for m, (rid, *_) in zip(ms, w.spec)]
+    pending = step.copy_tree(w.nxt, w.sib, w.tok)
+    draft = w.tok.clone().reshape(-1)
     if threaded:
         job = step.start_build(requests, pending, vocab_size=VOCAB, barrier=barrier, allow_timeout=True)
+        if between is not None:
+            between(job)
         out = step.finish_build(job, device="cpu", draft_device=draft)
     else:
         out = step.build_mask(requests, pending, vocab_size=VOCAB, device="cpu", barrier=barrier,
                               draft_device=draft)
-    return out.device_mask.clone(), barrier_threads, out
+    return out.device_mask.clone(), barrier_threads, outcomes, out
+
+
+def _states(ms):
+    return [(next_token_bitmask(m, VOCAB), m.is_terminated()) for m in ms]
+
+
+def _same_states(a, b) -> bool:
+    return all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(_states(a), _states(b)))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_threaded_mask_is_the_inline_mask_and_the_barrier_runs_off_thread(seed):
-    spec, nxt, sib, tok, copy = _setup(seed, bs=6)
-    inline_step = GrammarStep(mask_threads=1, mask_time_limit_s=None)
-    thread_step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True)
+def test_threaded_mask_is_the_inline_mask_the_barrier_on_the_caller_the_native_call_on_the_helper(seed, monkeypatch):
+    w = World(seed)
+    calls = []  # threads that made a native call
+    orig = NativeGrammar.step_call
+
+    def step_call(self, *a, **k):
+        call = orig(self, *a, **k)
+
+        def recorded():
+            calls.append(threading.get_ident())
+            return call()
+
+        return recorded
+
+    monkeypatch.setattr(NativeGrammar, "step_call", step_call)
+    inline_step, thread_step = _step(False), _step(True)
     try:
-        g_in, g_th = copy(), copy()
-        m_in, th_in, _ = _run(inline_step, spec, g_in, nxt, sib, tok, threaded=False)
-        m_th, th_th, out = _run(thread_step, spec, g_th, nxt, sib, tok, threaded=True)
-        assert torch.equal(m_in, m_th)
-        assert (m_th != -1).any(), "no row was constrained: the comparison would be vacuous"
+        m_in, m_th = w.matchers(), w.matchers()
+        mask_in, th_in, out_in, _ = _run(inline_step, w, m_in, threaded=False)
+        mask_th, th_th, out_th, res = _run(thread_step, w, m_th, threaded=True)
+        assert torch.equal(mask_in, mask_th)
+        assert (mask_th != -1).any(), "no row was constrained: the comparison would be vacuous"
         me = threading.get_ident()
-        assert th_in == [me]
-        assert len(th_th) == 1 and th_th[0] != me  # the barrier ran once, on the grammar thread
-        # every accept of the barrier happened on that thread; the ledger fed each run exactly once
-        for rid, prefix, run, truth in spec:
-            assert [t for _, t in g_th[rid].calls] == run
-            assert {tid for tid, _ in g_th[rid].calls} == {th_th[0]}
-        assert thread_step.ledger.tokens_fed == inline_step.ledger.tokens_fed == sum(len(r) for *_, r, _ in spec)
+        assert th_in == [me] and th_th == [me]  # the barrier ran on the caller, once, both ways
+        assert len(calls) == 2 and calls[0] == me and calls[1] != me  # inline here; threaded on the helper
+        assert out_in == out_th and [len(o) for o in out_th] == [len(w.spec)]  # the caller told once, same outcomes
+        assert [o.retained for o in out_th[0]] == [tuple(run) for _, _, run, _ in w.spec]
+        assert _same_states(m_in, m_th)  # every run fed exactly once on both paths
+        assert thread_step.ledger.tokens_fed == inline_step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
+        assert thread_step.builder.native_walks == 1
         s = thread_step.stats
         assert s.steps == 1 and thread_step.snapshot()["grammar_thread"] is True
         assert s.sched_s > 0 and s.helper_gil_s >= 0 and s.join_wait_s <= s.sched_s
@@ -119,67 +147,156 @@ def test_threaded_mask_is_the_inline_mask_and_the_barrier_runs_off_thread(seed):
         thread_step.close()
 
 
+def test_the_runs_are_queued_at_start_and_fed_by_the_helper_not_before():
+    """Between start_build and the join nothing has been recorded in the ledger (the scheduler thread launches the
+    verify there), the result's tokens were never read as Python lists, and after the join every run is recorded."""
+    w = World(3)
+    step = _step(True)
+    seen = {}
+
+    def between(job):
+        job.future._done.acquire()  # the helper's call is done ...
+        job.future._done.release()
+        seen["recorded"] = step.ledger.tokens_fed  # ... but the scheduler thread records it only at the join
+        seen["open"] = step._open is job
+
+    try:
+        ms = w.matchers()
+        result = w.result()
+
+        def listed_before_join(job):
+            seen["listed"] = result._ids is not None  # the runs' tokens as Python lists: not before the join
+            between(job)
+
+        _, _, outcomes, _ = _run(step, w, ms, threaded=True, between=listed_before_join, result=result)
+        assert seen == {"listed": False, "recorded": 0, "open": True}
+        assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec) and step._open is None
+        assert result._ids is not None  # the join read them to record the outcomes
+    finally:
+        step.close()
+
+
 def test_post_processing_after_the_join_replays_and_feeds_nothing():
-    spec, nxt, sib, tok, copy = _setup(7, bs=4)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True)
+    w = World(7, bs=4)
+    step = _step(True)
     try:
-        grammars = copy()
-        _run(step, spec, grammars, nxt, sib, tok, threaded=True)
+        ms = w.matchers()
+        _run(step, w, ms, threaded=True)
         fed = step.ledger.tokens_fed
-        for rid, prefix, run, truth in spec:  # the host's post-processing asks again, on the scheduler thread
-            out = step.advance(rid, grammars[rid], len(prefix), run)
-            assert out.retained == tuple(run)
-            assert len(grammars[rid].calls) == len(run)
-        assert step.ledger.tokens_fed == fed
+        before = _states(ms)
+        for i, (rid, prefix, run, _) in enumerate(w.spec):  # the host's post-processing asks again
+            out = step.replay(rid, len(prefix), run)
+            assert out is not None and out.retained == tuple(run)
+        assert step.ledger.tokens_fed == fed and step.stats.counters["replays"] == len(w.spec)
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(before, _states(ms)))
     finally:
         step.close()
 
 
-def test_an_abandoned_job_completes_before_the_next_starts():
-    """A verify that raised between start and finish leaves its job running; the next job must run after it, so two
-    jobs never touch the matchers at once, and its barrier still fed each run exactly once."""
-    spec, nxt, sib, tok, copy = _setup(3, bs=3)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True)
-    release = threading.Event()
-    order: list[str] = []
-
-    def slow_barrier():
-        release.wait(5)
-        order.append("first")
-        for rid, prefix, run, truth in spec:
-            step.advance(rid, grammars[rid], len(prefix), run)
-
+def test_an_abandoned_job_is_settled_before_the_ledger_is_used_again():
+    """A verify that raised between start_build and finish_build leaves its job open: the next use of the step
+    joins it first, records its runs exactly once and tells their caller; its mask is dropped."""
+    w = World(4, bs=3)
+    step = _step(True)
+    grammars = [object() for _ in w.spec]
+    outcomes = []
     try:
-        grammars = copy()
-        reqs = [MaskRequest(matcher=grammars[rid].m, request_id=rid) for rid, *_ in spec]
-        step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=slow_barrier)
-        threading.Timer(0.05, release.set).start()
-        job2 = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                                barrier=lambda: order.append("second"))
-        step.finish_build(job2, device="cpu", draft_device=tok.clone().reshape(-1))
-        assert order == ["first", "second"]
-        for rid, prefix, run, truth in spec:
-            assert [t for _, t in grammars[rid].calls] == run
+        ms = w.matchers()
+        reqs = [MaskRequest(matcher=m) for m in ms]
+        step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB,
+                         barrier=lambda: step.advance_later(w.rows(ms, grammars), w.result(), outcomes.append))
+        assert outcomes == [] and step._open is not None  # no finish_build: the verify "raised"
+        job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB)
+        assert len(outcomes) == 1 and [o.retained for o in outcomes[0]] == [tuple(r) for _, _, r, _ in w.spec]
+        step.finish_build(job, device="cpu")
+        assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
+        for (rid, prefix, run, _), m in zip(w.spec, ms):  # each run in the matcher once: its next true token fits
+            assert step.ledger.consumed(rid) == len(prefix) + len(run)
+        other = World(4, bs=3).matchers()
+        for (rid, prefix, run, _), m in zip(w.spec, other):
+            for t in run:
+                assert m.accept_token(t)
+        assert _same_states(ms, other)
     finally:
         step.close()
 
 
-def test_an_error_of_the_job_is_raised_at_the_join():
-    spec, nxt, sib, tok, copy = _setup(4, bs=2)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True)
+def test_a_barrier_error_is_raised_at_start_and_the_step_stays_usable():
+    w = World(5, bs=2)
+    step = _step(True)
 
     def broken():
         raise RuntimeError("barrier broke")
 
     try:
-        grammars = copy()
-        reqs = [MaskRequest(matcher=grammars[rid].m, request_id=rid) for rid, *_ in spec]
-        job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=broken)
+        ms = w.matchers()
+        reqs = [MaskRequest(matcher=m) for m in ms]
         with pytest.raises(RuntimeError, match="barrier broke"):
-            step.finish_build(job, device="cpu")
-        # the step is usable afterwards
-        job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB)
+            step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB, barrier=broken)
+        job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB)
         assert step.finish_build(job, device="cpu").device_mask is not None
+        assert step.ledger.tokens_fed == 0
+    finally:
+        step.close()
+
+
+def test_a_refused_native_call_falls_back_to_python_at_the_join(monkeypatch, caplog):
+    """The helper's call raises before touching anything (the module refused it): finish_build feeds the queued runs
+    itself and walks in Python -- the same mask, every run fed once."""
+    w = World(6)
+    want_ms = w.matchers()
+    want, _, want_out, _ = _run(_step(False), w, want_ms, threaded=False)
+
+    def refused(self, *a, **k):
+        def call():
+            raise ValueError("refused")
+
+        return call
+
+    step = _step(True)
+    try:
+        orig = NativeGrammar.step_call
+        ms = w.matchers()
+        calls = []
+
+        def first_refused(self, *a, **k):
+            calls.append(1)
+            return (refused if len(calls) == 1 else orig)(self, *a, **k)
+
+        monkeypatch.setattr(NativeGrammar, "step_call", first_refused)
+        got, _, got_out, _ = _run(step, w, ms, threaded=True)
+        assert torch.equal(got, want) and got_out == want_out and _same_states(ms, want_ms)
+        assert any("rebuilding request by request" in r.getMessage() for r in caplog.records)
+    finally:
+        step.close()
+
+
+@pytest.mark.parametrize("why", ["no native module", "forced drafts"])
+def test_without_the_native_call_the_work_runs_inline_at_finish(why):
+    """The grammar thread takes only the native call: without it (no module, forced drafts on) start_build only
+    records the job, and the barrier runs in finish_build on the caller."""
+    from sglang_eagle_overlap.core.forced import ForcedDrafts
+
+    w = World(8, bs=3)
+    kw = {"forced": ForcedDrafts()} if why == "forced drafts" else {}
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True,
+                       native=None if why == "no native module" else native, **kw)
+    order = []
+    try:
+        ms = w.matchers()
+        grammars = [object() for _ in ms]
+        reqs = [MaskRequest(matcher=m) for m in ms]
+
+        def barrier():
+            order.append("barrier")
+            step.advance_later(w.rows(ms, grammars), w.result(), lambda o: order.append("told"))
+
+        job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB, barrier=barrier)
+        assert job.future is None and order == []
+        order.append("finish")
+        step.finish_build(job, device="cpu")
+        assert order == ["finish", "barrier", "told"]
+        assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
     finally:
         step.close()
 
@@ -196,14 +313,13 @@ class _Exporter:
 def test_finish_build_reports_what_ran_where(threaded, tmp_path):
     """The step's own account: stats (scheduler-thread time, join wait only when joined), the exporter's per-step
     call with the forced-draft deltas, and the timeline's spans in order on the right batch size."""
-    spec, nxt, sib, tok, copy = _setup(5, bs=6)
+    w = World(5)
     tl = Timeline(str(tmp_path / "timeline.json"))
     exporter = _Exporter()
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=threaded, timeline=tl,
-                       exporter=exporter)
+    step = _step(threaded, timeline=tl, exporter=exporter)
     step._forced_delta = lambda: (3, 2)  # what the forced-draft counters moved by since the last step
     try:
-        mask, _, out = _run(step, spec, copy(), nxt, sib, tok, threaded=threaded)
+        mask, _, _, out = _run(step, w, w.matchers(), threaded=threaded)
     finally:
         step.close()
     s = step.stats
@@ -217,71 +333,37 @@ def test_finish_build_reports_what_ran_where(threaded, tmp_path):
     names = [e[0] for e in events]
     assert names == ["advance", "tree_wait", "mask_build"] + (["grammar_join"] if threaded else []) + [
         "mask_upload", "sample"]
-    assert all(e[3] == 6 for e in events)  # every event carries the batch size
+    assert all(e[3] == len(w.spec) for e in events)  # every event carries the batch size
     spans = {e[0]: (e[1], e[2]) for e in events}
     for name, (a, b) in spans.items():
         assert a <= b, name
     assert spans["advance"][1] <= spans["tree_wait"][0] + 1e-9 and spans["tree_wait"][1] <= spans["mask_build"][0]
     upload_from = spans["grammar_join"][1] if threaded else spans["mask_build"][1]
     assert spans["mask_upload"][0] == upload_from and spans["sample"][0] == spans["mask_upload"][1]
-    if threaded:
-        assert spans["grammar_join"][0] <= spans["grammar_join"][1] <= spans["mask_upload"][0]
+    if threaded:  # the helper's call ended before the join did
+        assert spans["mask_build"][1] <= spans["grammar_join"][1] <= spans["mask_upload"][0]
     assert torch.equal(mask, out.device_mask)
 
 
-class _Forced(ForcedDrafts):
-    """Every valid node has a one-token continuation; uploads are recorded, not made."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.uploads: list = []
-
-    def _entry(self, matcher):
-        rows = np.full((1, 1 + ALTERNATIVES), -1, dtype=np.int32)
-        rows[0, 0] = 1
-        return (1,), rows
-
-    def upload(self, device) -> None:
-        self.uploads.append(device)
-
-
-@pytest.mark.parametrize("path", ["start_build", "build_mask"])
-def test_forced_table_is_recorded_and_uploaded_for_eagle_jobs_only(path):
-    """Jobs from start_build (EAGLE trees) record each valid node's continuation and upload the table at the join;
-    build_mask jobs (chain and host-built trees) do neither, though forced drafts are on."""
-    spec, nxt, sib, tok, copy = _setup(7, bs=4)
-    forced = _Forced()
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, forced=forced)
-    _run(step, spec, copy(), nxt, sib, tok, threaded=(path == "start_build"))
-    if path == "start_build":
-        assert forced.recorded_nodes > 0 and forced.uploads == ["cpu"]
-    else:
-        assert forced.recorded_nodes == 0 and forced.uploads == []
-
-
-def test_the_grammar_threads_gil_time_is_its_python_time():
-    """``helper_gil_s``: the grammar thread's CPU time outside native fills, here a barrier that runs Python for
-    30 ms of thread CPU time (so at least that), never more than the job's wall time; the inline path has none."""
-    spec, nxt, sib, tok, copy = _setup(8, bs=2)
+def test_the_barriers_python_runs_on_the_scheduler_thread_and_the_helper_takes_little_gil():
+    """``helper_gil_s``: the grammar thread's CPU time outside its native call. The barrier's Python (here 30 ms of
+    thread CPU time) now runs on the scheduler thread inside start_build, so it counts there, not as GIL time."""
+    w = World(8, bs=2)
 
     def busy():
         end = time.thread_time() + 0.03
         while time.thread_time() < end:
             pass
 
-    for threaded in (True, False):
-        step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=threaded)
-        requests = [MaskRequest(matcher=matcher("nested", VOCAB, prefix), request_id=rid)
-                    for rid, prefix, run, truth in spec]
-        try:
-            t0 = time.perf_counter()
-            pending = step.copy_tree(nxt, sib, tok)
-            job = step.start_build(requests, pending, vocab_size=VOCAB, barrier=busy)
-            step.finish_build(job, device="cpu")
-            wall = time.perf_counter() - t0
-        finally:
-            step.close()
-        if threaded:
-            assert 0.03 - 1e-3 <= job.gil_s <= wall and step.stats.helper_gil_s == job.gil_s
-        else:
-            assert job.gil_s == 0.0
+    step = _step(True)
+    try:
+        ms = w.matchers()
+        reqs = [MaskRequest(matcher=m) for m in ms]
+        t0 = time.perf_counter()
+        job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB, barrier=busy)
+        start_s = time.perf_counter() - t0
+        step.finish_build(job, device="cpu")
+    finally:
+        step.close()
+    assert job.submit_s >= 0.03 - 1e-3 and start_s >= 0.03 - 1e-3
+    assert 0.0 <= job.gil_s < 0.03 and step.stats.helper_gil_s == job.gil_s

@@ -153,15 +153,15 @@ def test_walk_trees_refuses_bad_arguments():
     handles = nat.handles(ms)
     mask = torch.full((16, (VOCAB + 31) // 32), -1, dtype=torch.int32)
     with pytest.raises(ValueError, match="given twice"):
-        nat.walk_trees(handles, [0, 0], nxt, sib, tok, mask, VOCAB, None)
+        nat.step_batch((), (), (), handles, [0, 0], nxt, sib, tok, mask, VOCAB, None)
     with pytest.raises(IndexError, match="out of"):
-        nat.walk_trees(handles, [0, 2], nxt, sib, tok, mask, VOCAB, None)
+        nat.step_batch((), (), (), handles, [0, 2], nxt, sib, tok, mask, VOCAB, None)
     with pytest.raises(TypeError, match="bitmask"):
-        nat.walk_trees(handles, [0, 1], nxt, sib, tok, mask.float(), VOCAB, None)
+        nat.step_batch((), (), (), handles, [0, 1], nxt, sib, tok, mask.float(), VOCAB, None)
     with pytest.raises(ValueError, match="contiguous"):
-        nat.walk_trees(handles, [0, 1], nxt, sib, tok, torch.full((32, 1000), -1, dtype=torch.int32)[::2], VOCAB, None)
+        nat.step_batch((), (), (), handles, [0, 1], nxt, sib, tok, torch.full((32, 1000), -1, dtype=torch.int32)[::2], VOCAB, None)
     with pytest.raises(ValueError, match="elements"):
-        nat.walk_trees(handles, [0, 1], nxt, sib, tok, mask[:4], VOCAB, None)
+        nat.step_batch((), (), (), handles, [0, 1], nxt, sib, tok, mask[:4], VOCAB, None)
     assert bool((mask == -1).all()), "a refused call writes nothing"
 
 
@@ -175,7 +175,7 @@ def test_a_failing_native_walk_is_rebuilt_request_by_request(caplog):
         def handles(self, matchers):
             return native().handles(matchers)
 
-        def walk_trees(self, *a, **k):
+        def step_call(self, *a, **k):
             raise RuntimeError("boom")
 
     b = TreeMaskBuilder(threads=1, native=Broken())  # type: ignore[arg-type]
@@ -267,3 +267,205 @@ def test_a_matcher_terminated_behind_the_ledgers_back_is_terminated_not_rejected
         assert raw.is_terminated()
         outs.append(ledger.advance("r", grammar if live else object(), 2, [doc[2]], matcher=raw))
     assert outs[1] == outs[0] and outs[1].terminated and outs[1].error is None and outs[1].retained == ()
+
+
+# -- the fused step call: feeds and walk in one call, runs read from a result's tensors, the persistent helpers -----
+def _fused_world(seed: int, k: int = 10, n: int = 8):
+    """``k`` requests with a next run each and a draft tree that continues after it; returns a builder of fresh
+    matchers (before the run), the runs, and the stacked tree."""
+    rng = random.Random(seed)
+    reqs = _requests(rng, k)
+    runs = [_run_for(rng, doc, p) for _, doc, p in reqs]
+    trees = []
+    for (g, doc, p), run in zip(reqs, runs):
+        after = G.matcher(g, VOCAB, doc[:p])
+        for t in run:
+            if after.is_terminated() or not after.accept_token(t):
+                break
+        trees.append(eagle_tree(rng, 4, 3, n, doc[p + len(run) : p + len(run) + 3] or [EOS_ID], VOCAB,
+                                matcher=after, extra_tokens=(EOS_ID,)))
+
+    def fresh():
+        return [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+
+    return fresh, runs, stack_trees(trees), n
+
+
+def _mask(k: int, n: int) -> torch.Tensor:
+    return torch.full((k * n, (VOCAB + 31) // 32), -1, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_one_fused_call_equals_the_feed_then_the_walk(threads):
+    """step_batch(feeds + walk) == feed_runs then step_batch(walk): the same outcomes, mask, rows and matcher states,
+    on 1 thread and spread over the module's persistent helper threads (called twice: the helpers are reused)."""
+    nat = native()
+    fresh, runs, (nxt, sib, tok), n = _fused_world(11)
+    k = len(runs)
+    a, b = fresh(), fresh()
+    live = [False] * k
+    fed = nat.feed_runs(nat.handles(a), runs, live)
+    want_mask = _mask(k, n)
+    want = nat.step_batch((), (), (), nat.handles(a), list(range(k)), nxt, sib, tok, want_mask, VOCAB, None)
+    for _ in range(2):
+        got_mask = _mask(k, n)
+        packed = []
+        for run in runs:
+            packed += (0, -1, len(run), *run)
+        got = nat.step_batch(nat.handles(b), packed, (), nat.handles(b), list(range(k)), nxt, sib, tok, got_mask,
+                             VOCAB, None, threads)
+        assert tuple(got.feeds) == tuple(fed.feeds) and tuple(got.status) == tuple(want.status)
+        assert got.total == want.total > k and sorted(got.written) == sorted(want.written)
+        assert torch.equal(got_mask, want_mask)
+        assert all(torch.equal(_state(x), _state(y)) for x, y in zip(a, b))
+        b = fresh()  # the second round starts over
+
+
+def test_runs_read_from_a_results_tensors_equal_packed_runs():
+    """A run given as (result, row) is read in C++ from ``ids[row * stride : row * stride + lens[row]]`` (a decode
+    result, int32 or int64) or ``ids[row]`` (a prefill result: no lengths): the same outcomes as the tokens packed."""
+    nat = native()
+    fresh, runs, _, n = _fused_world(12, k=6)
+    stride = 7
+    ids = torch.zeros(len(runs) * stride, dtype=torch.int64)
+    lens = torch.zeros(len(runs), dtype=torch.int32)
+    for i, run in enumerate(runs):
+        run = run[:stride]
+        ids[i * stride : i * stride + len(run)] = torch.tensor(run)
+        lens[i] = len(run)
+    runs = [run[:stride] for run in runs]
+    want = nat.feed_runs(nat.handles(fresh()), runs, [False] * len(runs))
+    for dtype in (torch.int64, torch.int32):
+        ms = fresh()
+        packed = [x for i in range(len(runs)) for x in (0, 0, i)]
+        got = nat.step_batch(nat.handles(ms), packed, [(ids.to(dtype), lens, stride)], (), (), None, None, None,
+                             None, 0, None)
+        assert tuple(got.feeds) == tuple(want.feeds)
+    prefill = torch.tensor([run[0] for run in runs], dtype=torch.int64)
+    first = nat.feed_runs(nat.handles(fresh()), [run[:1] for run in runs], [False] * len(runs))
+    got = nat.step_batch(nat.handles(fresh()), [x for i in range(len(runs)) for x in (0, 0, i)],
+                         [(prefill, None, 1)], (), (), None, None, None, None, 0, None)
+    assert tuple(got.feeds) == tuple(first.feeds)
+
+
+def test_a_raising_request_stays_alone_and_nothing_is_fed_twice():
+    """A request whose matcher raises inside the call (here: a handle of another xgrammar type) gets FEED_ERROR /
+    WALK_FAILED with the message, the others are fed and walked as without it; the refused arguments raise before
+    anything is touched."""
+    from sglang_eagle_overlap.core.native import FEED_ERROR, WALK_FAILED, WALKED
+
+    nat = native()
+    fresh, runs, (nxt, sib, tok), n = _fused_world(13, k=5)
+    k = len(runs)
+    ms = fresh()
+    handles = nat.handles(ms)
+    bad = G.compiled("regex", VOCAB)._handle  # a CompiledGrammar: its "accept_token" lookup fails in C++
+    handles_bad = list(handles)
+    handles_bad[2] = bad
+    packed = []
+    for run in runs:
+        packed += (0, -1, len(run), *run)
+    mask = _mask(k, n)
+    got = nat.step_batch(handles_bad, packed, (), handles_bad, list(range(k)), nxt, sib, tok, mask, VOCAB, None)
+    states = [got.feeds[2 * f + 1] for f in range(k)]
+    assert states[2] == FEED_ERROR and got.status[2] == WALK_FAILED and ("f", 2) in got.errors
+    ok = fresh()
+    want_mask = _mask(k, n)
+    want = nat.step_batch(nat.handles(ok), packed, (), nat.handles(ok), list(range(k)), nxt, sib, tok, want_mask,
+                          VOCAB, None)
+    for i in range(k):
+        if i == 2:
+            continue
+        assert got.feeds[2 * i : 2 * i + 2] == want.feeds[2 * i : 2 * i + 2] and got.status[i] == want.status[i]
+        assert torch.equal(mask[i * n : (i + 1) * n], want_mask[i * n : (i + 1) * n])
+        assert torch.equal(_state(ms[i]), _state(ok[i]))
+    assert torch.equal(_state(ms[2]), _state(fresh()[2]))  # never reached: the matcher is as it was
+    assert WALKED in tuple(got.status)
+    untouched = _mask(k, n)
+    with pytest.raises(IndexError, match="reset row"):
+        nat.step_batch(handles, packed, (), handles, list(range(k)), nxt, sib, tok, untouched, VOCAB, None,
+                       reset=[10 ** 6], buffer=untouched)
+    with pytest.raises(IndexError, match="out of the result"):
+        nat.step_batch(handles, [0, 0, 99], [(torch.zeros(4, dtype=torch.int64), torch.ones(2, dtype=torch.int32), 2)],
+                       (), (), None, None, None, None, 0, None)
+    with pytest.raises(ValueError, match="packed runs"):
+        nat.step_batch(handles[:1], [0, -1, 5, 1], (), (), (), None, None, None, None, 0, None)
+    assert bool((untouched == -1).all()) and all(torch.equal(_state(a), _state(b)) for a, b in zip(fresh(), fresh()))
+    assert all(torch.equal(_state(a), _state(b)) for a, b in zip(ms[3:], ok[3:]))  # the refused calls fed nothing
+
+
+def test_the_sparse_reset_in_the_call_spares_the_rows_it_fills():
+    """``reset`` rows (of the whole buffer, beyond the mask's view too) go back to all-allowed unless the call filled
+    them; the count is reported."""
+    nat = native()
+    fresh, runs, (nxt, sib, tok), n = _fused_world(14, k=3)
+    k = len(runs)
+    buf = torch.zeros((4 * k * n, (VOCAB + 31) // 32), dtype=torch.int32)  # stale everywhere
+    view = buf[: k * n]
+    view.fill_(-1)
+    ms = fresh()
+    got = nat.step_batch((), (), (), nat.handles(ms), list(range(k)), nxt, sib, tok, view, VOCAB, None,
+                         reset=list(range(4 * k * n)), buffer=buf)
+    written = set(got.written)
+    assert written and got.reset == 4 * k * n - len(written)
+    for r in range(4 * k * n):
+        if r not in written:
+            assert bool((buf[r] == -1).all()), r
+    assert any(not bool((buf[r] == -1).all()) for r in written)  # the filled rows were not reset
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed):
+    """``LedgerPlan.add_rows`` (a result's rows, tokens read by the native call) against ``advance_many`` in Python on
+    the same runs: replays, gaps and conflicts answered at once, fresh runs queued without their tokens, then fed --
+    the same outcomes, ``on_feed`` reports, matcher states and counters, step after step."""
+    from sglang_eagle_overlap.core.ledger import ResultRuns
+
+    rng = random.Random(100 + seed)
+    reqs = _requests(rng, 16)
+    py, cx = AcceptLedger(), AcceptLedger(native=native())
+    m_py = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+    m_cx = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+    grammars = [object() for _ in reqs]
+    pos = [p for _, _, p in reqs]
+    queued_total = 0
+    for step in range(10):
+        rows, runs = [], []
+        for i, (_, doc, _) in enumerate(reqs):
+            if rng.random() < 0.2:
+                continue
+            run = _run_for(rng, doc, pos[i])
+            if rng.random() < 0.05 and pos[i] > 0:
+                start = pos[i] - 1  # a stale position: a conflict or a replay
+            elif rng.random() < 0.05:
+                start = pos[i] + 2  # a gap
+            else:
+                start = pos[i]
+            if rng.random() < 0.05:
+                grammars[i] = object()  # the host rebuilt the grammar: re-anchored at start
+            rows.append((i, start, run))
+        stride = max([1] + [len(run) for _, _, run in rows])
+        ids = torch.zeros(max(1, len(rows)) * stride, dtype=torch.int64)
+        lens = torch.zeros(max(1, len(rows)), dtype=torch.int32)
+        for r, (i, start, run) in enumerate(rows):
+            ids[r * stride : r * stride + len(run)] = torch.tensor(run)
+            lens[r] = len(run)
+        fed_py, fed_cx = [], []
+        got_py = py.advance_many([(f"r{i}", grammars[i], start, run, m_py[i]) for i, start, run in rows],
+                                 lambda g, o: fed_py.append((id(g), o)))
+        plan = cx.plan()
+        slots = plan.add_rows([(f"r{i}", grammars[i], start, m_cx[i], r) for r, (i, start, _) in enumerate(rows)],
+                              ResultRuns(ids, lens, stride), lambda g, o: fed_cx.append((id(g), o)))
+        queued_total += len(plan)
+        plan.feed()
+        got_cx = plan.out[slots.start : slots.stop]
+        assert _norm(got_cx) == _norm(got_py), f"step {step}"
+        assert sorted(fed_cx, key=repr) == sorted(fed_py, key=repr), f"step {step}"
+        assert plan.errors == sum(isinstance(o, Exception) for o in got_py)
+        for (i, start, _), out in zip(rows, got_py):
+            if not isinstance(out, Exception) and out.start == start == pos[i]:
+                pos[i] = start + len(out.retained)
+        for a, b in zip(m_py, m_cx):
+            assert torch.equal(_state(a), _state(b)) and a.is_terminated() == b.is_terminated()
+    assert cx.tokens_fed == py.tokens_fed and cx.replays == py.replays
+    assert queued_total > 50  # most fresh runs waited for the native call

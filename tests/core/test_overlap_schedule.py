@@ -49,13 +49,15 @@ import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_eagle_overlap.core import AcceptLedger, MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core.ledger import ResultRuns
 from sglang_eo_dev.helpers.grammars import next_token_bitmask
+from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.trees import Tree, eagle_tree, stack_trees
 
 LONG = os.environ.get("SGLANG_EO_LONG") == "1"
-SCHEDULES = {"lockstep": 10_000, "native": 1_000, "python": 1_000} if LONG else {
-    "lockstep": 1_500, "native": 200, "python": 200}
+SCHEDULES = {"lockstep": 10_000, "native": 1_000, "python": 1_000, "step": 2_000} if LONG else {
+    "lockstep": 1_500, "native": 200, "python": 200, "step": 300}
 
 EVENT_KINDS = (
     "arrive", "extend", "decode_row", "finish_grammar", "finish_eos", "finish_length", "finish_stop", "overrun",
@@ -213,10 +215,21 @@ PARAMS = st.builds(
 )
 
 
-def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> None:
+def _record_fed(grammar: "CountingMatcher", outcome) -> None:
+    """``on_feed`` of the step driver: what the native feed gave the raw matcher, recorded as CountingMatcher would."""
+    grammar.consumed.extend(outcome.retained)
+
+
+def run_schedule(compiled, p: Params, builder: Optional[TreeMaskBuilder], ev: Counter,
+                 gstep: Optional[GrammarStep] = None) -> None:
+    """One schedule. With ``builder``: the ledger and the builder driven directly. With ``gstep``: the plugin's
+    ``GrammarStep`` with the native module, as the bands drive it -- the barrier queues the previous result's runs by
+    row (``advance_later`` over a ``ResultRuns`` of a ``[rows * n]`` token tensor) inside ``start_build`` (grammar
+    thread: before the "launch"; inline: in ``finish_build``), their feed is the build's native call, and
+    post-processing asks ``advance_many`` again; every fresh feed is recorded through ``on_feed``."""
     rng = random.Random(p.seed)
     topk, depth_max, n = p.shape
-    ledger = AcceptLedger()
+    ledger = AcceptLedger() if gstep is None else gstep.ledger
     reqs: Dict[str, Req] = {}
     pending: Optional[List[Tuple[Req, int, List[int]]]] = None  # rows of the step not yet post-processed
 
@@ -239,6 +252,21 @@ def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> 
 
     def barrier(rows) -> None:
         """Verify of the next batch: feed the previous step's runs to the plugin's matchers via the ledger."""
+        if gstep is not None:
+            # As a result reaches the band: every row's run in one token tensor, [row * stride, row * stride + len)
+            # (the stride is the tree's node count in SGLang; overrun runs here can be longer).
+            stride = max([n] + [len(toks) for _, _, toks in rows])
+            ids = torch.zeros(max(1, len(rows)) * stride, dtype=torch.int64)
+            lens = torch.zeros(max(1, len(rows)), dtype=torch.int32)
+            queued = []
+            for i, (r, epoch, toks) in enumerate(rows):
+                ids[i * stride : i * stride + len(toks)] = torch.tensor(toks, dtype=torch.int64)
+                lens[i] = len(toks)
+                if r.constrained and live(r, epoch) and toks:
+                    queued.append((r.rid, r.plugin, r.pos, r.plugin.m, i))
+                    barriered.add((r.rid, r.pos))
+            gstep.advance_later(queued, ResultRuns(ids, lens, stride), lambda outcomes: None, _record_fed)
+            return
         for r, epoch, toks in rows:
             if r.constrained and live(r, epoch) and toks:
                 ledger.advance(r.rid, r.plugin, r.pos, toks)
@@ -259,7 +287,11 @@ def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> 
                 continue  # aborted / retracted / finished meanwhile: the run is discarded by both
             if r.constrained:
                 fed = ledger.tokens_fed
-                outcome = ledger.advance(r.rid, r.plugin, r.pos, toks)
+                if gstep is None:
+                    outcome = ledger.advance(r.rid, r.plugin, r.pos, toks)
+                else:
+                    (outcome,) = gstep.advance_many([(r.rid, r.plugin, r.pos, toks, r.plugin.m)], _record_fed,
+                                                   count_replays=True)
                 ref_kept: List[int] = []
                 for t in toks:
                     if r.ref.is_terminated():
@@ -326,7 +358,7 @@ def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> 
         # --- verify of batch N+1: barrier, then the tree mask (before N is post-processed) --------------------
         got = trees = None
         if batch:
-            if pending is not None:
+            if pending is not None and gstep is None:
                 barrier(pending)
             if any(r.constrained for r in batch) and not all(r.constrained for r in batch):
                 ev["mixed_batch"] += 1
@@ -338,9 +370,18 @@ def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> 
                 trees.append(eagle_tree(rng, topk, depth_max, n, truth, V, p_oov=0.25, extra_tokens=(-1, EOS)))
             nxt, sib, tok = stack_trees(trees)
             mreqs = [MaskRequest(matcher=r.plugin.m if r.constrained else None, request_id=r.rid) for r in batch]
-            got = builder.build(mreqs, nxt, sib, tok, V)
+            if gstep is None:
+                got = builder.build(mreqs, nxt, sib, tok, V)
+            else:
+                prev = pending
+                job = gstep.start_build(mreqs, gstep.copy_host_tree(nxt, sib, tok), vocab_size=V,
+                                       barrier=None if prev is None else (lambda: barrier(prev)))
+                got = gstep.finish_build(job, device="cpu").tree
+                ev["thread_jobs"] += job.future is not None
         # --- post-processing of batch N (after N+1 launched) --------------------------------------------------
         if pending is not None:
+            if gstep is not None and not batch:
+                barrier(pending)  # no verify to host the barrier: post-processing feeds directly
             postprocess(pending)
             pending = None
             if rng.random() < 0.2:
@@ -392,6 +433,37 @@ def run_schedule(compiled, p: Params, builder: TreeMaskBuilder, ev: Counter) -> 
             assert r.plugin.consumed == r.ref.consumed, (p, r.rid)
             assert r.plugin.is_terminated() == r.ref.is_terminated(), (p, r.rid)
     ev["schedules"] += 1
+
+
+@pytest.mark.parametrize("thread", [True, False], ids=["grammar-thread", "inline"])
+def test_the_plugins_step_equals_synchronous(compiled, thread):
+    """The same schedules through ``GrammarStep`` as the bands drive it: the barrier's runs queued by row and fed by
+    the build's one native call (on the grammar thread, or inline), post-processing answered from the ledger. Every
+    accepted token reaches its matcher exactly once through finishes, aborts, retractions and filtering."""
+    step = GrammarStep(mask_threads=2, mask_time_limit_s=None, grammar_thread=thread, native=native)
+    step.builder.parallel_min_requests = 2  # spread even these small batches over the module's helper threads
+    ev: Counter = Counter()
+    target = SCHEDULES["step"]
+
+    @settings(max_examples=target, deadline=None, derandomize=True, database=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(params=PARAMS)
+    def check(params: Params) -> None:
+        run_schedule(compiled, params, None, ev, gstep=step)
+
+    try:
+        check()
+    finally:
+        step.close()
+    print(f"\n[step thread={thread}] {ev['schedules']} random schedules, {ev['mask_checks']} mask comparisons, "
+          f"{ev['state_checks']} matcher-state comparisons, 0 divergences; events: "
+          + ", ".join(f"{k}={ev[k]}" for k in EVENT_KINDS))
+    assert ev["schedules"] >= target, ev["schedules"]
+    missing = [k for k in EVENT_KINDS if ev[k] == 0]
+    assert not missing, f"event kinds never generated: {missing}"
+    assert ev["mask_checks"] > ev["schedules"]
+    assert (ev["thread_jobs"] > 0) is thread  # the grammar thread took the native calls (or, inline, none)
+    assert step.builder.native_walks > 0 and step.stats.counters["replays"] > 0
 
 
 @pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])

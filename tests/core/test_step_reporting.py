@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 import time
 
@@ -20,8 +21,11 @@ import torch
 from sglang_eagle_overlap.core import step as step_mod
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eagle_overlap.core.ledger import ResultRuns
+from sglang_eagle_overlap.core.mask import MaskRequest
 from sglang_eagle_overlap.core.stats import COUNTERS
-from sglang_eo_dev.helpers.grammars import Recorder
+from sglang_eo_dev.helpers.grammars import Recorder, doc_tokens, matcher
+from sglang_eo_dev.helpers.native import native
 
 BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
              "join_wait_s", "helper_gil_s", "grammar_thread", "forced_drafts", "native", "tokens_advanced", "ledger_requests",
@@ -149,15 +153,19 @@ def test_forced_deltas_are_what_moved_since_the_last_step():
 class _Tree:
     """A resolved one-request, one-node tree (root only)."""
 
-    def resolve(self):
+    def __init__(self) -> None:
         z = torch.zeros((1, 1), dtype=torch.int64)
-        return z - 1, z - 1, z
+        self.host = (z - 1, z - 1, z)
+
+    def resolve(self):
+        return self.host
 
 
 @pytest.mark.parametrize("rank, asked, allowed", [(None, True, True), ((0, 2), True, False), (None, False, False)])
 def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allowed):
     """A job's time-limit permission is the caller's and the process's (TP ranks never), its forced flag says whether
-    forced drafts are on, its hand-over time lies inside the call; the grammar thread is named."""
+    forced drafts are on, its hand-over time lies inside the call; with the grammar thread the barrier runs in the
+    call, on the caller, and the native call on the named grammar thread."""
     _rank(monkeypatch, rank)
     names = []
     step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0, 0), pin_memory=False)
@@ -168,31 +176,44 @@ def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allo
         call_s = time.perf_counter() - t0
         assert job.allow_timeout is allowed and job.forced is True
         assert 0.0 <= job.submit_s <= call_s
-        job.future.result()
-        assert names and names[0].startswith("sglang-eo-grammar")
+        assert job.future is None and names == []  # forced drafts: the work runs inline, in finish_build
         job2 = GrammarStep(mask_threads=1).start_build([], _Tree(), vocab_size=8)
         assert job2.forced is False and job2.future is None and job2.allow_timeout is (rank is None)
     finally:
         step.close()
+    step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
+    try:
+        m = matcher("regex", 512)
+        job = step.start_build([MaskRequest(matcher=m)], _Tree(), vocab_size=512,
+                               barrier=lambda: names.append(threading.current_thread().name))
+        assert names == [threading.current_thread().name] and job.future is not None
+        assert job.future._thread.name.startswith("sglang-eo-grammar")
+        step.finish_build(job, device="cpu")
+    finally:
+        step.close()
 
 
-def test_close_waits_for_the_running_job_and_a_later_job_starts_a_new_thread():
-    step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False)
-    done = threading.Event()
+def test_close_joins_the_open_job_and_a_later_job_starts_a_new_thread():
+    step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
+    told = []
+    grammar = object()
+    m = matcher("regex", 512)
+    doc = list(doc_tokens("regex", random.Random(0), 512))
+    result = ResultRuns(torch.tensor(doc[:1]), None, 1)
 
-    def slow_barrier():
-        time.sleep(0.2)
-        done.set()
+    def barrier():
+        step.advance_later([("r", grammar, 0, m, 0)], result, told.append)
 
-    step.start_build([], _Tree(), vocab_size=8, barrier=slow_barrier)
+    step.start_build([MaskRequest(matcher=m)], _Tree(), vocab_size=512, barrier=barrier)
+    assert told == [] and step._thread is not None
     step.close()
-    assert done.is_set() and step._executor is None  # joined, not abandoned
+    assert len(told) == 1 and told[0][0].retained == (doc[0],) and step._thread is None  # joined, recorded, told
     step.close()  # twice is fine
-    job = step.start_build([], _Tree(), vocab_size=8, barrier=lambda: None)
-    assert step._executor is not None
-    job.future.result()
+    job = step.start_build([MaskRequest(matcher=m)], _Tree(), vocab_size=512, barrier=lambda: None)
+    assert step._thread is not None
+    step.finish_build(job, device="cpu")
     step.close()
-    assert step._executor is None
+    assert step._thread is None and step.ledger.tokens_fed == 1
 
 
 def test_was_advanced_and_count_go_through_to_the_ledger_and_stats():

@@ -20,8 +20,13 @@ discover it without installing anything; both may run, the second install is a n
     ``SchedulerBatchResultProcessor._accept_grammar_tokens`` (post-processing advance);
   - 0.5.23: ``eagle_worker_common.build_grammar_vocab_mask`` (barrier + tree wait + mask),
     ``SchedulerBatchResultProcessor.advance_grammar_fsm`` (post-processing advance, idempotent);
-  - product plugin (when importable): ``GrammarStep.build_mask`` (advance barrier + tree wait + mask), and with its
-    grammar thread ``GrammarStep.start_build`` / ``finish_build`` (hand-off; join wait + upload).
+  - product plugin (when importable): ``GrammarStep.build_mask`` (advance barrier + tree wait + mask),
+    ``GrammarStep.start_build`` / ``finish_build`` (inline: the whole job in ``finish_build``; grammar thread: the
+    barrier's ledger checks and the build's preparation, then the join wait, the feeds' record and the upload), and
+    its band's other per-step grammar entry points: 0.5.16 ``keeps_overlap`` (the overlap decision) and
+    ``begin_verify`` (tree copy launch, mask requests, start), 0.5.23 ``hand_over_verify`` and ``start_grammar_job``
+    (mask requests, start). Its forced-draft points (``before_verify``, ``after_sample``) are not regions: with forced
+    drafts on they hold device ops, which would count as scheduler-thread CPU here.
 
   0.5.16's blocking ``.cpu()`` of the verify tree is inline in ``run_eagle_verify`` and cannot be wrapped; on CPU it
   returns the tensor itself (no copy, no sync), so it costs nothing here anyway.
@@ -329,6 +334,12 @@ _REGIONS_0_5_16 = (
     ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
+    # the plugin's other per-step grammar entry points on the scheduler thread (reached through the band module): the
+    # overlap decision and the job's start (tree copy launch, mask requests, start_build). Not its forced-draft
+    # points (before_verify, after_sample): with forced drafts on they hold device ops, which a region would count
+    # as scheduler-thread CPU on a CPU engine.
+    ("sglang_eagle_overlap.adapters.v0_5_16.band", "keeps_overlap", None),
+    ("sglang_eagle_overlap.adapters.v0_5_16.band", "begin_verify", None),
 )
 _REGIONS_0_5_23 = (
     ("sglang.srt.speculative.eagle_worker_common", "build_grammar_vocab_mask", None),
@@ -337,6 +348,8 @@ _REGIONS_0_5_23 = (
     ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
+    ("sglang_eagle_overlap.adapters.v0_5_23.band", "hand_over_verify", None),
+    ("sglang_eagle_overlap.adapters.v0_5_23.band", "start_grammar_job", None),
 )
 # Single kernels on a GPU that run as Python loops of tensor ops on a CPU engine, timed as one device op each: the
 # ``sgl_kernel`` stand-ins (through their own hook) and SGLang's CPU fallbacks of its Triton kernels (module functions

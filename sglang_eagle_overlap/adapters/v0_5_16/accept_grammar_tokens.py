@@ -31,7 +31,7 @@ TARGET = (
 def accept_grammar_tokens(original: Callable[..., Any], self: Any, req: Any, tokens: Any, *args: Any,
                           **kwargs: Any) -> Any:
     rt = runtime.active()
-    if rt is None or req.grammar is None or not band.is_eagle_family(getattr(self, "server_args", None)):
+    if rt is None or req.grammar is None or not band.eagle_server(rt, getattr(self, "server_args", None)):
         return original(self, req, tokens, *args, **kwargs)
     return band.accept_tokens(rt, req, tokens)
 

@@ -32,7 +32,7 @@ def apply_prefill_grammar(original: Callable[..., Any], self: Any, *args: Any, *
     next_token_id = kwargs.get("next_token_id", args[1] if len(args) > 1 else None)
     rt = runtime.active()
     if (rt is None or req is None or next_token_id is None or req.grammar is None
-            or not band.is_eagle_family(getattr(self, "server_args", None))):
+            or not band.eagle_server(rt, getattr(self, "server_args", None))):
         return original(self, *args, **kwargs)
     band.accept_prefill_token(rt, req, next_token_id)
     return None

@@ -34,12 +34,12 @@ from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
     accept_run,
-    advance_requests,
+    advance_rows_later,
     algorithm_name,
     innermost_grammar,
     is_xgrammar,
     mask_requests,
-    result_runs,
+    result_rows,
     settle_mask,
 )
 from sglang_eagle_overlap.integration.runtime import Runtime
@@ -67,6 +67,7 @@ __all__ = [
     "build_vocab_mask",
     "can_mask",
     "owns_verify",
+    "eagle_server",
     "is_eagle_family",
     "keeps_overlap",
 ]
@@ -91,12 +92,21 @@ def is_eagle_family(obj: Any) -> bool:
     return algorithm_name(obj) in EAGLE_FAMILY
 
 
+def eagle_server(rt: Runtime, server_args: Any) -> bool:
+    """:func:`is_eagle_family` of the server's arguments, decided at the first ask for that ``server_args`` object and
+    kept on the runtime (the post-processing hooks ask once per request and step)."""
+    known = rt.eagle_server
+    if known is None or known[0] is not server_args:
+        known = rt.eagle_server = (server_args, is_eagle_family(server_args))
+    return known[1]
+
+
 def can_mask(batch: Any) -> bool:
     """The native mask uses xgrammar's bitmask layout: a batch with another backend (llguidance, outlines) keeps
     SGLang's own path. A reasoning wrapper around xgrammar (or around nothing) is fine: it takes the generic walk."""
     for req in batch.reqs:
         grammar = getattr(req, "grammar", None)
-        if grammar is None:
+        if grammar is None or type(grammar).__name__ == "XGrammarGrammar":  # no grammar, or xgrammar itself
             continue
         inner = innermost_grammar(grammar)
         if inner is not None and not is_xgrammar(inner):
@@ -191,31 +201,41 @@ def build_vocab_mask(rt: Runtime, verify: VerifyStep, verify_input: Any, batch: 
 def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] = ()) -> int:
     """The barrier: feed the results still in ``queue`` to their grammars exactly as post-processing will (same rows
     skipped: finished / retracted / still-chunked; same output positions, ``len(req.output_ids)`` before the run is
-    appended). Returns the tokens newly fed (replays feed nothing)."""
+    appended). Called as a mask build's barrier, the runs are fed by that build, with its tree walk, in one native
+    call (``GrammarStep.advance_later``); called on its own, at once. Returns the tokens fed by this call (0 when the
+    build feeds them; replays feed nothing)."""
     step = rt.step
     if not queue:
         return 0
-    live = {str(req.rid) for req in current_reqs}
     fed_before = step.tokens_fed
-    for b, r in list(queue):
+    queued = list(queue)
+    for b, r in queued:
         reqs = getattr(b, "reqs", None) or []
-        live.update(str(req.rid) for req in reqs)
         if not any(req.grammar is not None for req in reqs):
             continue
-        runs = result_runs(b, r)
-        if runs is None:
+        got = result_rows(b, r)
+        if got is None:
             continue
         step.count("barrier_runs")
-        advance_requests(step, [(req, len(req.output_ids), run) for _, req, run in runs])
-    step.prune(live)
+        advance_rows_later(step, *got)
+    # Bound the ledger by the requests SGLang can still hand back (this batch's and the queued results'), computed
+    # only when the ledger could be pruned: it holds more than a few times this batch.
+    if step.ledger_size > max(64, 4 * len(current_reqs)):
+        live = {str(req.rid) for req in current_reqs}
+        for b, _ in queued:
+            live.update(str(req.rid) for req in getattr(b, "reqs", None) or [])
+        step.prune(live)
     return step.tokens_fed - fed_before
 
 
 # -- post-processing ------------------------------------------------------------------------------------------------
 def accept_tokens(rt: Runtime, req: Any, tokens: Any) -> List[int]:
-    """``_accept_grammar_tokens``: the run is not yet appended, so it starts at ``len(req.output_ids)``."""
-    toks = [int(tokens)] if isinstance(tokens, int) else [int(t) for t in tokens]
-    return accept_run(rt.step, req, len(req.output_ids), toks)
+    """``_accept_grammar_tokens``: the run is not yet appended, so it starts at ``len(req.output_ids)``. The common
+    case -- the barrier fed this run and it was kept whole -- is answered in one call (once per request and step)."""
+    toks = (tokens,) if isinstance(tokens, int) else tokens
+    start = len(req.output_ids)
+    kept = rt.step.replay_kept(str(req.rid), start, toks)
+    return kept if kept is not None else accept_run(rt.step, req, start, toks)
 
 
 def accept_prefill_token(rt: Runtime, req: Any, next_token_id: int) -> None:

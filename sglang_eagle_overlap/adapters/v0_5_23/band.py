@@ -31,7 +31,9 @@ from torch.types import Device
 from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration import drafts, runtime
-from sglang_eagle_overlap.integration.requests import accept_runs, mask_requests, result_runs, settle_mask
+from sglang_eagle_overlap.core.ledger import AdvanceOutcome
+from sglang_eagle_overlap.integration.requests import (advance_rows_later, kept_runs, mask_requests, result_rows,
+                                                      settle_mask)
 from sglang_eagle_overlap.integration.runtime import Runtime
 
 __all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "after_sample", "before_verify",
@@ -185,20 +187,32 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     if result.grammar_advanced or not batch.has_grammar:
         return
     is_decode = batch.forward_mode.is_decode()
-    runs = result_runs(batch, result)
-    if runs is None:
+    finished: List[str] = []  # the constrained requests already finished: the ledger forgets them
+    got = result_rows(batch, result, finished)
+    if got is None:
         return
-    finished = [str(r.rid) for r in batch.reqs if r.grammar is not None and r.finished()]  # before the runs are fed
-    rows = list(runs)
-    kept = accept_runs(rt.step, [(req, len(req.output_ids), run) for _, req, run in rows])
-    retained: List[Optional[List[int]]] = [None] * len(batch.reqs)
-    for (i, _, _), run in zip(rows, kept):
-        retained[i] = run
-    live = {str(req.rid) for _, req, _ in rows}
-    if is_decode:
-        result.grammar_retained_tokens = retained
-    result.grammar_advanced = True
-    rt.step.prune(live, finished)
+    rows, runs = got
+    result.grammar_advanced = True  # SGLang's barrier asks once per result; the runs below are fed exactly once
+    step = rt.step
+    reqs = batch.reqs
+
+    def done(outcomes: List[AdvanceOutcome]) -> None:
+        kept = kept_runs(step, [reqs[row[4]] for row in rows], outcomes)
+        if is_decode:
+            retained: List[Optional[List[int]]] = [None] * len(reqs)
+            keys = []
+            for row, run in zip(rows, kept):
+                retained[row[4]] = run
+                keys.append(row[0])
+            result.grammar_retained_tokens = retained
+        else:
+            keys = [row[0] for row in rows]
+        step.prune(keys, finished)
+
+    # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
+    # tree walk, in one native call; here (post-processing, no build around) at once. SGLang reads
+    # grammar_retained_tokens only after sampling, when the build has been joined.
+    advance_rows_later(step, rows, runs, done, count_replays=True)
 
 
 # -- the vendored patch's entry points --------------------------------------------------------------------------------
