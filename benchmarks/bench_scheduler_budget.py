@@ -14,14 +14,15 @@ pair (accept ~1: every step pays the full tree mask), for EAGLE3 topk 1 (3 steps
 * (b) the extra scheduler-thread time of a *constrained* step with the plugin: the time the scheduler thread spends
   inside grammar calls (SGLang's grammar entry points and the plugin's, nested counted once: with the grammar thread
   this is the hand-off, the join wait and the upload) plus the GIL time the plugin's grammar thread can have taken
-  from it (its CPU time outside GIL-free native fills, from the plugin's stats: an upper bound);
+  from it (its CPU time outside its GIL-free native call, from the plugin's stats: an upper bound);
 * (b') a cross-check that needs no attribution: constrained (step - device) minus unconstrained (step - device),
   i.e. everything extra a constrained step costs the scheduler thread, SGLang's own grammar bookkeeping included.
 
-Paths compared in the same run: ``inline`` (grammar work on the scheduler thread after the verify launch, as before
-issue 17: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``) and ``thread`` (started on the grammar thread before the verify
-launch, joined before sampling: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1``). Each path gets its own engine; the two alternate per topk (inline,
-thread, repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
+Paths compared in the same run: ``thread`` (the default: the barrier's ledger checks and the build's preparation on
+the scheduler thread before the verify launch, the step's one native call -- feeds and tree walk -- on the grammar
+thread, joined before sampling: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1``) and ``inline`` (all of it on the scheduler
+thread after the verify launch: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``). Each path gets its own engine; the paths
+alternate per topk (repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
 rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
 thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19); ``inline-forced``
 is the inline path with them switched on; ``stock`` is SGLang without the plugin. ``--before REV`` adds the path
@@ -32,7 +33,7 @@ replaces in one run, same harness, same tokens checked; the criterion column the
 against it::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py \
-        --before ce5faff --paths inline,inline-forced --batches 8,64 --max-new-tokens 16
+        --before ce5faff --paths inline,thread --batches 8,64 --max-new-tokens 16
 
 Run (one engine at a time: the lock keeps other engine runs off the 2 cores; the engines use jemalloc, Debian's
 ``libjemalloc2``, unless ``--allocator system``)::
@@ -173,8 +174,8 @@ def markdown(result: Dict[str, Any]) -> str:
         "`BENCH_SCHEMA` are in the mean, not in the median). (b') = "
         "constrained (step - device) - (a): everything extra, no attribution (noisier). `join` = wait for the grammar "
         "thread; `gil` = its CPU time outside native fills; `work` = advance + tree wait + mask wherever it ran. "
-        "`b new/old` is the issue's criterion (<= 1/3 at bs 64): inline against `before` (the revision `--before` "
-        "names) when it ran, else thread against inline.",
+        "`b new/old` is the issue's criterion (<= 1/3 at bs 64): the default path (`thread`, else `inline`) against "
+        "`before` (the revision `--before` names) when it ran, else thread against inline.",
         "",
         "| EAGLE3 | bs | path | steps | step ms (unc / json) | device ms (unc / json) | (a) ms | (b) ms | (b) mean ms "
         "| (b') ms | grammar calls ms | join ms | gil ms | work ms | accept | b new/old |",
@@ -333,8 +334,12 @@ def aggregate(runs: Sequence[Dict[str, Any]], batches: Sequence[int]) -> List[Di
                 verify = sum(c["verify"] for c in cells)
                 row[path] = {"unconstrained": unc, "json": con, "plugin": plug, "budget": budget(unc, con, plug),
                              "accept_length": sum(c["tokens"] for c in cells) / verify if verify else 0.0}
-            # the issue's criterion: the new default path against today's (``before``), else thread against inline
-            base, new = ("before", "inline") if "before" in row else ("inline", "thread")
+            # the issue's criterion: the default path (the grammar thread; ``inline`` in results without one) against
+            # today's (``before``), else thread against inline
+            if "before" in row:
+                base, new = "before", ("thread" if "thread" in row else "inline")
+            else:
+                base, new = "inline", "thread"
             bi = (row.get(base) or {}).get("budget", {}).get("b_ms")
             bt = (row.get(new) or {}).get("budget", {}).get("b_ms")
             row["b_ratio"] = bt / bi if bi and bt is not None else None

@@ -39,7 +39,10 @@ exception text is not there to quote).
 Batched native feed (``AcceptLedger(native=...)``, :mod:`sglang_eagle_overlap.core.native`): the fresh runs of one
 :meth:`AcceptLedger.advance_many` whose matcher is a plain ``xgrammar.GrammarMatcher`` are fed in one C++ call after
 the batch is checked, with the outcomes of the per-run feed above (a second run of the same request in one call is
-fed after the first). Checks, replays, errors and the bookkeeping stay here, run by run.
+fed after the first). Checks, replays, errors and the bookkeeping stay here, run by run. :class:`LedgerPlan` splits
+``advance_many`` at that native call, so that its caller can make the call together with other native work (the
+step's tree walk) and on another thread; runs can be queued by row of a :class:`ResultRuns` whose host copy may still
+be in flight (the native call reads their tokens).
 """
 
 from __future__ import annotations
@@ -408,10 +411,10 @@ class LedgerPlan:
             raise ValueError(f"{len(feeds) // 2} feed outcomes for {len(batch)} waiting runs")
         ledger, out = self.ledger, self.out
         record = ledger._record
-        run = ResultRuns.run
         for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
             if toks is None:
-                toks = run(result, row)  # type: ignore[arg-type]  # a run without tokens has its result
+                assert result is not None  # a run queued without its tokens has its result
+                toks = result.run(row)
             kept = feeds[2 * f]
             state = feeds[2 * f + 1]
             if state == FED and kept == len(toks):  # the common case, without a call

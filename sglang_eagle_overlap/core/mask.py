@@ -26,10 +26,13 @@ Strategies (``MaskStrategy``):
   with one or more threads).
 
 With the plugin's native module (``TreeMaskBuilder(native=...)``, :mod:`sglang_eagle_overlap.core.native`), the
-lockstep walk runs as one C++ call per build (``_native_batch_walk``): the same rows, the same matcher states after
-it, the same time-limit contract, without a Python frame or a GIL round trip per node. It applies to batches of plain
-``xgrammar.GrammarMatcher`` rows on a host mask, on the real clock and without forced-draft recording; anything else
-takes the Python walk below.
+lockstep walk runs as one C++ call per build, with the previous batch's waiting runs (``feeds``, a ledger plan) fed in
+the same call: the same rows, the same matcher states after it, the same time-limit contract, without a Python frame
+or a GIL round trip per node. It applies to batches of plain ``xgrammar.GrammarMatcher`` rows on a host mask, on the
+real clock and without forced-draft recording; anything else takes the Python walk below. A build is three parts
+(:meth:`TreeMaskBuilder.prepare` and :meth:`TreeMaskBuilder.finish` on the thread that owns the requests,
+:meth:`TreeMaskBuilder.native_call` made on any thread in between), so that ``GrammarStep`` can make the native call
+on its grammar thread; :meth:`TreeMaskBuilder.build` is the three on one thread.
 
 Failures: a grammar that raises during the build (a host grammar object's method, or xgrammar inside the batched
 native walk, which is then redone request by request through the exact walk to find the culprit) fails that request
@@ -49,7 +52,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, List, Literal, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, List, Literal, Optional, Protocol, Sequence,
+                    Tuple, TypeVar)
 
 import torch
 
@@ -103,7 +107,7 @@ class MaskRequest:
 
 
 class MaskBatch(List[MaskRequest]):
-    """A batch's rows, built with :meth:`add`, which also keeps the index lists :meth:`TreeMaskBuilder.prepare` needs
+    """A batch's rows, built with :meth:`of`, which also keeps the index lists :meth:`TreeMaskBuilder.prepare` needs
     (rows of xgrammar matchers, their matchers, rows of host grammars): a build then reads them instead of looping over
     the rows again. Any ``Sequence[MaskRequest]`` builds the same mask."""
 
@@ -115,13 +119,19 @@ class MaskBatch(List[MaskRequest]):
         self.generic: List[int] = []
         self.matchers: List[Any] = []
 
-    def add(self, request: MaskRequest) -> None:
-        if request.matcher is not None:
-            self.native.append(len(self))
-            self.matchers.append(request.matcher)
-        elif request.grammar is not None:
-            self.generic.append(len(self))
-        self.append(request)
+    @classmethod
+    def of(cls, requests: Iterable[MaskRequest]) -> MaskBatch:
+        """The batch of ``requests``, in order."""
+        out = cls()
+        native, generic, matchers, append = out.native, out.generic, out.matchers, out.append
+        for i, r in enumerate(requests):
+            if r.matcher is not None:
+                native.append(i)
+                matchers.append(r.matcher)
+            elif r.grammar is not None:
+                generic.append(i)
+            append(r)
+        return out
 
 
 @dataclass(slots=True)

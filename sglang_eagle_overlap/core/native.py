@@ -1,19 +1,26 @@
-"""The batch's xgrammar calls in one native call per step: the tree walk and the ledger's feed (issue 17).
+"""The batch's xgrammar calls in one native call per step: the ledger's feed and the tree walk (issue 17).
 
 Why: a constrained EAGLE step makes a few xgrammar calls per request and per tree node (``accept_token``,
 ``rollback``, ``is_terminated``, ``fill_next_token_bitmask``). Made from Python, each is a Python frame, an argument
 conversion and a GIL release and re-acquire in tvm-ffi's call, and at bs 64 that overhead is most of the step's
-grammar time on the scheduler thread. ``native/grammar_batch.cc`` makes the same calls from C++ for the whole batch:
-:meth:`NativeGrammar.walk_trees` is :class:`~sglang_eagle_overlap.core.mask.TreeMaskBuilder`'s lockstep walk,
-:meth:`NativeGrammar.feed_runs` is :class:`~sglang_eagle_overlap.core.ledger.AcceptLedger`'s native feed. The Python
-code stays the reference and the fallback; the results are the same bit for bit (``tests/core/test_native.py``).
+grammar time on the scheduler thread. ``native/grammar_batch.cc`` makes the same calls from C++ for the whole batch,
+in ONE call (:meth:`NativeGrammar.step_batch`): the previous batch's runs are fed as
+:class:`~sglang_eagle_overlap.core.ledger.AcceptLedger`'s native feed feeds them (read from the result's token tensors
+when the ledger queued them by row), then :class:`~sglang_eagle_overlap.core.mask.TreeMaskBuilder`'s lockstep walk
+fills the tree mask, and the previous build's stale rows are reset. Each request's matcher is handled by one thread
+from its first feed to the end of its walk; requests are spread over the calling thread and persistent helper threads
+of the module; an error stays with its request. The call holds no Python object and never takes the GIL, so
+``GrammarStep``'s grammar thread can make it while the scheduler thread runs Python (:meth:`NativeGrammar.step_call`
+binds it without making it). The Python code stays the reference and the fallback; the results are the same bit for
+bit (``tests/core/test_native.py``).
 
 How: xgrammar 0.2.x exposes its ``GrammarMatcher`` as a tvm-ffi object type with reflected methods. The C++ source
 uses only tvm-ffi's headers (shipped in the ``apache-tvm-ffi`` wheel xgrammar depends on), finds the methods by name
 at load time (:func:`load_native` fails if they are missing) and is compiled on first use against the installed
 tvm-ffi with the system C++ compiler, into a cache outside the package keyed by the source, the tvm-ffi version and
 the compiler (:func:`build_native`; a few seconds, once per environment). Loaded with ``tvm_ffi.load_module``; tvm-ffi
-releases the GIL for the call, so a native step also leaves the GIL to the scheduler thread.
+releases the GIL for the call, so a native step also leaves the GIL to the scheduler thread. The error messages of a
+call are fetched only when it reports some (``step_errors``).
 
 Only matchers whose type is exactly ``xgrammar.GrammarMatcher`` go native (:meth:`NativeGrammar.handles`): a
 subclass may override a method in Python, which C++ would bypass.

@@ -8,23 +8,27 @@ Call order of one verify step (the host's scheduler thread)::
 
     pending = step.copy_tree(next_token, next_sibling, draft)     # 1. before the target-verify launch
     job = step.start_build(requests, pending, vocab_size=..., barrier=..., allow_timeout=...)
-        # grammar thread on: 2. and 3a. start now on the grammar thread, while the host launches the verify
+        # grammar thread (the default): 2. barrier() here -- the previous batch's runs go through the ledger's checks
+        #   and are queued by row (step.advance_later), their tokens unread --; the build is prepared; then 3a. the
+        #   step's one native call (those runs fed, the tree walked) starts on the grammar thread
     ... the host launches the target-verify forward ...
     mask = step.finish_build(job, device=..., draft_device=...)
-        # inline (grammar thread off): 2. and 3a. run here, after the launch, as before
-        # 2. barrier(): the previous batch's accepted runs -> step.advance(...) (exactly once each)
-        # 3a. wait for the tree copy, build the mask (native fills without the GIL)
-        # 3b. (scheduler thread, after the one join) upload it non-blocking, neutralise unmasked drafts
+        # grammar thread: the one join; inline (grammar thread off): 2. and 3a. run here, after the launch
+        # 3b. (scheduler thread) the feeds recorded in the ledger and the barrier's callers told (advance_later's
+        #     on_done), Python walks of what the native call could not take, the mask uploaded non-blocking,
+        #     unmasked drafts neutralised
     ... the host samples with mask.device_mask; it aborts mask.failed requests alone ...
-    step.advance(rid, grammar, start, tokens)                      # 4. post-processing: replays what 2 fed
+    step.advance_many(...) / step.replay_kept(...)                 # 4. post-processing: replays what 2 fed
 
-``build_mask`` is ``start_build`` + ``finish_build`` in one call, after the launch (callers that cannot start
-before it). With the grammar thread, 2 and 3a run on one helper thread between ``start_build`` and the join in
-``finish_build``; the scheduler thread must not touch the batch's grammars, the ledger or the verify tree in between
-(in both bands it only launches the target-verify forward there). The join is a happens-before edge: everything the
-grammar thread did is visible to the scheduler thread after it, so 4 sees the ledger as if 2 had run inline. Jobs run
-in submission order on one worker, so two never run at once: a job whose ``finish_build`` never came (the verify
-raised) completes before the next one starts (its error, if any, is dropped with its step).
+``build_mask`` is ``start_build`` + ``finish_build`` in one call, after the launch, always inline (callers that cannot
+start before it). With the grammar thread, only 3a -- the device-event waits (the previous result's host copy, the
+tree's, the previous upload) and the native call, all GIL-free -- runs on the helper, between ``start_build`` and the
+join in ``finish_build``; it reads the build's plan and the tensors, and touches no Python object of the host or the
+ledger. The scheduler thread must not feed the batch's matchers or use the ledger in between (in both bands it only
+launches the target-verify forward there); every ledger entry point settles an open job first. The join is a
+happens-before edge: the scheduler thread records the native call's outcomes after it, so 4 sees the ledger as if 2
+had fed inline. A job whose ``finish_build`` never came (the verify raised) is joined and recorded by the next use of
+the step (its mask is dropped): every run the barrier queued is fed once and recorded once, whatever happens.
 
 Invariants: a run of accepted tokens reaches ``grammar.accept_token`` exactly once per (request id, output position),
 whichever of 2 and 4 asks first; the host bitmask buffer is reused only after the previous upload left it; every

@@ -86,7 +86,7 @@ def mask_request_for(req: Any) -> MaskRequest:
     finished = getattr(req, "finished", None)
     if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
         return MaskRequest(None, None, rid)
-    if is_xgrammar(grammar):
+    if type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher"):  # is_xgrammar, inlined
         return MaskRequest(grammar.matcher, None, rid)
     return MaskRequest(None, grammar, rid)
 
@@ -94,11 +94,7 @@ def mask_request_for(req: Any) -> MaskRequest:
 def mask_requests(reqs: Sequence[Any]) -> MaskBatch:
     """:func:`mask_request_for` of every request (looked up at each call: test fault injection wraps it), as a
     ``MaskBatch``, which sorts the rows for the build as they are added."""
-    out = MaskBatch()
-    add, row = out.add, mask_request_for
-    for req in reqs:
-        add(row(req))
-    return out
+    return MaskBatch.of(map(mask_request_for, reqs))
 
 
 def finish_with_error(req: Any, message: str) -> bool:

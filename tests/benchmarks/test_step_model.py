@@ -47,7 +47,7 @@ def test_model_recovers_the_constant_and_predicts_unseen_cells(sm):
     gpu, cpu = _world(sm, k_true=0.5)
     assert gpu[("topk1", 64)] == {"G": 15.0, "R": 1.5, "inline": 15.0}  # medians of the full-batch records
     assert cpu[("topk4", 64)] == {"a": 14.0, "r": 4.0, "b_before": 30.0, "b_inline": 3.0}
-    res = sm.evaluate(gpu, cpu, ("topk1", 64))
+    res = sm.evaluate(gpu, cpu, ("topk1", 64), new="inline", bound=None)
     assert res["k"] == pytest.approx(0.5)
     assert res["max_R_error"] == pytest.approx(0.0, abs=1e-12)
     assert res["max_step_error"] == pytest.approx(0.0, abs=1e-12)
@@ -64,7 +64,7 @@ def test_model_recovers_the_constant_and_predicts_unseen_cells(sm):
 
 def test_a_cpu_bound_cell_is_predicted_at_k_times_its_cpu_terms(sm):
     gpu, cpu = _world(sm, k_true=2.0)
-    rows = {(r["spec"], r["bs"]): r for r in sm.evaluate(gpu, cpu, ("topk1", 1))["rows"]}
+    rows = {(r["spec"], r["bs"]): r for r in sm.evaluate(gpu, cpu, ("topk1", 1), new="inline")["rows"]}
     # topk4 bs 64: 2 x (14 + 30) = 88 > G 24 for the measured revision; the new path: 2 x 17 = 34 > 24
     assert rows[("topk4", 64)]["pred_measured"] == pytest.approx(88.0)
     assert rows[("topk4", 64)]["pred_new"] == pytest.approx(34.0)
@@ -76,10 +76,29 @@ def test_out_of_sample_error_is_reported_not_absorbed(sm):
     gpu, cpu = _world(sm, k_true=0.5)
     gpu[("topk4", 64)]["R"] *= 1.25  # the GPU host disagrees with one constant on one unseen cell
     gpu[("topk1", 8)]["inline"] *= 1.10  # and measured a step the model does not explain
-    res = sm.evaluate(gpu, cpu, ("topk1", 64))
+    res = sm.evaluate(gpu, cpu, ("topk1", 64), new="inline")
     assert res["k"] == pytest.approx(0.5)  # the fit cell alone sets k
     assert res["max_R_error"] == pytest.approx(1 - 1 / 1.25)  # |predicted / measured - 1|
     assert res["max_step_error"] == pytest.approx(1 - 1 / 1.10)
+
+
+def test_the_new_path_is_predicted_as_a_range_up_to_no_overlap(sm):
+    """The default path's (b) (``new``) and the same work made serially (``bound``): two predictions per cell, the
+    second never below the first when its (b) is larger; a cell where only the serial one is CPU-bound shows it."""
+    gpu, cpu = _world(sm, k_true=2.0)
+    cpu[("topk4", 64)]["b_thread"] = 1.0  # 2 x (14 + 1) = 30 > 24: CPU-bound already
+    cpu[("topk1", 8)]["b_thread"] = 0.2  # 2 x (6 + 0.2) = 12.4 > 7 as well
+    for c in cpu.values():
+        c.setdefault("b_thread", 0.1)
+    res = sm.evaluate(gpu, cpu, ("topk1", 1), new="thread", bound="inline")
+    rows = {(r["spec"], r["bs"]): r for r in res["rows"]}
+    r = rows[("topk4", 64)]
+    assert r["pred_new"] == pytest.approx(30.0) and r["pred_bound"] == pytest.approx(34.0)
+    assert r["margin_bound_ms"] == pytest.approx(-10.0) and r["b_bound"] == 3.0 and r["b_new"] == 1.0
+    assert all(x["pred_bound"] >= x["pred_new"] for x in res["rows"])
+    assert res["max_bound_over_G"] == max(x["pred_bound_over_G"] for x in res["rows"])
+    assert "no overlap" in sm.markdown(dict(res, sources={"gpu": "g", "cpu": "c", "measured": "m", "new": "thread",
+                                                          "bound": "inline"}))
 
 
 def test_a_variant_without_full_batch_records_gives_no_cell(sm):
@@ -105,7 +124,7 @@ def test_the_committed_model_reads_the_committed_results(sm, tmp_path):
 
     res = json.loads((tmp_path / "step_model.json").read_text())
     assert len(res["rows"]) == 8 and sum(r["fit"] for r in res["rows"]) == 1
-    assert all("pred_new" in r and "step_error" in r for r in res["rows"])
+    assert all("pred_new" in r and "pred_bound" in r and "step_error" in r for r in res["rows"])
     assert (tmp_path / "step_model.md").read_text().count("| topk") == 8
 
 
@@ -151,8 +170,9 @@ def test_render_rebuilds_a_saved_result_from_its_engine_records(sb, tmp_path):
 
 
 def test_the_criterion_reads_the_new_default_against_the_revision_before_it(sb, tmp_path):
-    """With a ``before`` engine (``--before REV``) the criterion column is ``inline`` (the new default) over
-    ``before``, printed on the ``inline`` row; without one it stays thread over inline."""
+    """With a ``before`` engine (``--before REV``) the criterion column is the default path over ``before``, printed
+    on its row: ``thread`` when the run has a thread engine, else ``inline`` (this committed run's default then);
+    without a ``before`` engine it is thread over inline."""
     import json
 
     src = ROOT / "benchmarks" / "results" / "scheduler_budget_0.5.23_before_inline_inline-forced.json"
@@ -169,6 +189,11 @@ def test_the_criterion_reads_the_new_default_against_the_revision_before_it(sb, 
     assert len(marked) == len(result["rows"]) and all("| inline |" in ln for ln in marked)
     rows = sb.aggregate([r for r in result["runs"] if r["path"] != "before"], [8])
     assert all(r["b_ratio_path"] == "thread" and r["b_ratio"] is None for r in rows)  # no thread engine: no ratio
+    threaded = [dict(r, path="thread") for r in result["runs"] if r["path"] == "inline"]
+    rows = sb.aggregate(result["runs"] + threaded, [8])
+    for row in rows:
+        assert row["b_ratio_path"] == "thread"
+        assert row["b_ratio"] == pytest.approx(row["thread"]["budget"]["b_ms"] / row["before"]["budget"]["b_ms"])
 
 
 def test_plugin_per_step_means(sb):

@@ -54,15 +54,20 @@ def _norm(results):
     return [(type(r).__name__, str(r)) if isinstance(r, Exception) else r for r in results]
 
 
+def _twin_ledgers(rng: random.Random, k: int):
+    """``k`` requests, a Python ledger and a native one, each with its own matchers at the requests' positions, the
+    host's grammar objects and the positions."""
+    reqs = _requests(rng, k)
+    m_py = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+    m_cx = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
+    return (reqs, AcceptLedger(), AcceptLedger(native=native()), m_py, m_cx, [object() for _ in reqs],
+            [p for _, _, p in reqs])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_feed_matches_the_python_feed_run_by_run(seed):
     rng = random.Random(seed)
-    reqs = _requests(rng, 24)
-    py, cx = AcceptLedger(), AcceptLedger(native=native())
-    m_py = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
-    m_cx = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
-    grammars = [object() for _ in reqs]
-    pos = [p for _, _, p in reqs]
+    reqs, py, cx, m_py, m_cx, grammars, pos = _twin_ledgers(rng, 24)
     fed_py, fed_cx = [], []
     fresh = 0
     for step in range(12):
@@ -147,7 +152,7 @@ def _batch(seed: int, k: int = 6, n: int = 8):
     return ms, stack_trees(trees)
 
 
-def test_walk_trees_refuses_bad_arguments():
+def test_step_batch_refuses_bad_arguments_before_touching_anything():
     ms, (nxt, sib, tok) = _batch(0, k=2)
     nat = native()
     handles = nat.handles(ms)
@@ -422,12 +427,7 @@ def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed):
     from sglang_eagle_overlap.core.ledger import ResultRuns
 
     rng = random.Random(100 + seed)
-    reqs = _requests(rng, 16)
-    py, cx = AcceptLedger(), AcceptLedger(native=native())
-    m_py = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
-    m_cx = [G.matcher(g, VOCAB, doc[:p]) for g, doc, p in reqs]
-    grammars = [object() for _ in reqs]
-    pos = [p for _, _, p in reqs]
+    reqs, py, cx, m_py, m_cx, grammars, pos = _twin_ledgers(rng, 16)
     queued_total = 0
     for step in range(10):
         rows, runs = [], []

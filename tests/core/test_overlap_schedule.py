@@ -435,51 +435,18 @@ def run_schedule(compiled, p: Params, builder: Optional[TreeMaskBuilder], ev: Co
     ev["schedules"] += 1
 
 
-@pytest.mark.parametrize("thread", [True, False], ids=["grammar-thread", "inline"])
-def test_the_plugins_step_equals_synchronous(compiled, thread):
-    """The same schedules through ``GrammarStep`` as the bands drive it: the barrier's runs queued by row and fed by
-    the build's one native call (on the grammar thread, or inline), post-processing answered from the ledger. Every
-    accepted token reaches its matcher exactly once through finishes, aborts, retractions and filtering."""
-    step = GrammarStep(mask_threads=2, mask_time_limit_s=None, grammar_thread=thread, native=native)
-    step.builder.parallel_min_requests = 2  # spread even these small batches over the module's helper threads
+def _check_schedules(compiled, label: str, target: int, run) -> Counter:
+    """``target`` hypothesis schedules through ``run(params, ev)``; every event kind generated, masks compared."""
     ev: Counter = Counter()
-    target = SCHEDULES["step"]
 
     @settings(max_examples=target, deadline=None, derandomize=True, database=None, print_blob=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(params=PARAMS)
     def check(params: Params) -> None:
-        run_schedule(compiled, params, None, ev, gstep=step)
-
-    try:
-        check()
-    finally:
-        step.close()
-    print(f"\n[step thread={thread}] {ev['schedules']} random schedules, {ev['mask_checks']} mask comparisons, "
-          f"{ev['state_checks']} matcher-state comparisons, 0 divergences; events: "
-          + ", ".join(f"{k}={ev[k]}" for k in EVENT_KINDS))
-    assert ev["schedules"] >= target, ev["schedules"]
-    missing = [k for k in EVENT_KINDS if ev[k] == 0]
-    assert not missing, f"event kinds never generated: {missing}"
-    assert ev["mask_checks"] > ev["schedules"]
-    assert (ev["thread_jobs"] > 0) is thread  # the grammar thread took the native calls (or, inline, none)
-    assert step.builder.native_walks > 0 and step.stats.counters["replays"] > 0
-
-
-@pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])
-def test_overlapped_equals_synchronous(compiled, strategy):
-    builder = TreeMaskBuilder(strategy=strategy, threads=2)
-    ev: Counter = Counter()
-    target = SCHEDULES[strategy]
-
-    @settings(max_examples=target, deadline=None, derandomize=True, database=None, print_blob=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(params=PARAMS)
-    def check(params: Params) -> None:
-        run_schedule(compiled, params, builder, ev)
+        run(params, ev)
 
     check()
-    print(f"\n[{strategy}] {ev['schedules']} random schedules, {ev['mask_checks']} mask comparisons, "
+    print(f"\n[{label}] {ev['schedules']} random schedules, {ev['mask_checks']} mask comparisons, "
           f"{ev['state_checks']} matcher-state comparisons, 0 divergences; events: "
           + ", ".join(f"{k}={ev[k]}" for k in EVENT_KINDS))
     # hypothesis runs max_examples distinct examples unless the space is exhausted (it is not: 2**32 seeds)
@@ -487,3 +454,27 @@ def test_overlapped_equals_synchronous(compiled, strategy):
     missing = [k for k in EVENT_KINDS if ev[k] == 0]
     assert not missing, f"event kinds never generated: {missing}"
     assert ev["mask_checks"] > ev["schedules"]  # the schedules really compared masks
+    return ev
+
+
+@pytest.mark.parametrize("thread", [True, False], ids=["grammar-thread", "inline"])
+def test_the_plugins_step_equals_synchronous(compiled, thread):
+    """The same schedules through ``GrammarStep`` as the bands drive it: the barrier's runs queued by row and fed by
+    the build's one native call (on the grammar thread, or inline), post-processing answered from the ledger. Every
+    accepted token reaches its matcher exactly once through finishes, aborts, retractions and filtering."""
+    step = GrammarStep(mask_threads=2, mask_time_limit_s=None, grammar_thread=thread, native=native)
+    step.builder.parallel_min_requests = 2  # spread even these small batches over the module's helper threads
+    try:
+        ev = _check_schedules(compiled, f"step thread={thread}", SCHEDULES["step"],
+                              lambda params, ev: run_schedule(compiled, params, None, ev, gstep=step))
+    finally:
+        step.close()
+    assert (ev["thread_jobs"] > 0) is thread  # the grammar thread took the native calls (or, inline, none)
+    assert step.builder.native_walks > 0 and step.stats.counters["replays"] > 0
+
+
+@pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])
+def test_overlapped_equals_synchronous(compiled, strategy):
+    builder = TreeMaskBuilder(strategy=strategy, threads=2)
+    _check_schedules(compiled, strategy, SCHEDULES[strategy],
+                     lambda params, ev: run_schedule(compiled, params, builder, ev))

@@ -31,7 +31,10 @@ TARGET = (
 def accept_grammar_tokens(original: Callable[..., Any], self: Any, req: Any, tokens: Any, *args: Any,
                           **kwargs: Any) -> Any:
     rt = runtime.active()
-    if rt is None or req.grammar is None or not band.eagle_server(rt, getattr(self, "server_args", None)):
+    if rt is None or req.grammar is None:
+        return original(self, req, tokens, *args, **kwargs)
+    known = rt.eagle_server  # the server's decision, cached by band.eagle_server (this runs per request and step)
+    if not (known[1] if known is not None and known[0] is self.server_args else band.eagle_server(rt, self.server_args)):
         return original(self, req, tokens, *args, **kwargs)
     return band.accept_tokens(rt, req, tokens)
 
