@@ -223,15 +223,18 @@ class ResultRuns:
     """The accepted runs of one result of the host (a verify: ``ids[row * stride : row * stride + lens[row]]``; a
     prefill, ``lens`` None: the one token ``ids[row]``), whose host copy may still be in flight until ``ready`` (a
     device event, or None: already on the host) has been waited for. Lets a ledger plan queue a run before its tokens
-    are on the host (:meth:`LedgerPlan.add_rows`): the native feed reads them itself, after :meth:`wait`."""
+    are on the host (:meth:`LedgerPlan.add_rows`): the native feed reads them itself, after :meth:`wait`. Tensors that
+    are not host tensors (``on_host`` False: a result whose copy the host has not made) are only ever read through
+    :meth:`run`."""
 
-    __slots__ = ("ids", "lens", "stride", "ready", "_ids", "_lens")
+    __slots__ = ("ids", "lens", "stride", "ready", "on_host", "_ids", "_lens")
 
     def __init__(self, ids: Any, lens: Any, stride: int, ready: Optional[Any] = None) -> None:
-        self.ids = ids  # host integer tensor (int32 / int64)
-        self.lens = lens  # host integer tensor, or None (prefill)
+        self.ids = ids  # integer tensor (int32 / int64), normally on the host
+        self.lens = lens  # integer tensor, or None (prefill)
         self.stride = stride
         self.ready = ready  # object with synchronize(): the host copy's event
+        self.on_host = _on_host(ids) and (lens is None or _on_host(lens))  # what the native call can read
         self._ids: Optional[List[int]] = None
         self._lens: Optional[List[int]] = None
 
@@ -251,6 +254,12 @@ class ResultRuns:
             return (ids[row],)
         a = row * self.stride
         return tuple(ids[a : a + self._lens[row]])
+
+
+def _on_host(t: Any) -> bool:
+    """A tensor in host memory (anything without a device counts as one: lists, numpy)."""
+    device = getattr(t, "device", None)
+    return device is None or getattr(device, "type", "cpu") == "cpu"
 
 
 # A run queued by row (LedgerPlan.add_rows): (key, grammar, start, matcher or None, row of the result).
@@ -308,12 +317,12 @@ class LedgerPlan:
     def add_rows(self, rows: Iterable[RowRun], result: ResultRuns,
                  on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> range:
         """:meth:`add` of ``(key, grammar, start, matcher, row)``: the run of ``row`` in ``result``. A fresh run
-        through a plain xgrammar matcher waits without reading its tokens; every other run reads them at once
-        (waiting for the result's host copy)."""
+        through a plain xgrammar matcher of a result on the host waits without reading its tokens; every other run
+        reads them at once (waiting for the result's host copy)."""
         out = self.out
         first = len(out)
         native = self.ledger.native
-        if native is None:
+        if native is None or not result.on_host:  # runs the native call cannot read: tokens read here, at once
             for key, grammar, start, matcher, row in rows:
                 self._add(key, grammar, start, result.run(row), matcher, on_feed)
             return range(first, len(out))

@@ -346,16 +346,8 @@ class TreeMaskBuilder:
         bs = len(requests)
         plan = BuildPlan(requests=requests, n=n, vocab_size=vocab_size, t0=t0, forced=forced, feeds=feeds,
                          limit=self.time_limit_s if allow_timeout else None)
-        if type(requests) is MaskBatch:
-            native, generic, matchers = requests.native, requests.generic, requests.matchers
-        else:
-            native, generic, matchers = [], [], []
-            for i, r in enumerate(requests):
-                if r.matcher is not None:
-                    native.append(i)
-                    matchers.append(r.matcher)
-                elif r.grammar is not None:
-                    generic.append(i)
+        rows = requests if type(requests) is MaskBatch else MaskBatch.of(requests)
+        native, generic, matchers = rows.native, rows.generic, rows.matchers
         if not native and not generic:
             if feeds is not None:
                 feeds.feed()

@@ -469,3 +469,37 @@ def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed):
             assert torch.equal(_state(a), _state(b)) and a.is_terminated() == b.is_terminated()
     assert cx.tokens_fed == py.tokens_fed and cx.replays == py.replays
     assert queued_total > 50  # most fresh runs waited for the native call
+
+
+class _DeviceTensor:
+    """Stands for a result tensor not yet copied to the host: it has a non-host device and lists its values."""
+
+    def __init__(self, values) -> None:
+        self.values = list(values)
+        self.device = type("Device", (), {"type": "cuda"})()
+
+    def tolist(self):
+        return list(self.values)
+
+
+def test_a_result_not_on_the_host_is_read_at_once_never_by_the_native_call():
+    """Runs of a result whose tensors are not host tensors are read through Python at once and packed with their
+    tokens: the native call never gets a tensor it could not read, and the outcomes are the same."""
+    from sglang_eagle_overlap.core.ledger import ResultRuns
+
+    rng = random.Random(21)
+    reqs, py, cx, m_py, m_cx, grammars, pos = _twin_ledgers(rng, 6)
+    runs = [_run_for(rng, doc, p)[:4] for _, doc, p in reqs]
+    ids = [0] * (len(runs) * 4)
+    for i, run in enumerate(runs):
+        ids[i * 4 : i * 4 + len(run)] = run
+    result = ResultRuns(_DeviceTensor(ids), _DeviceTensor([len(r) for r in runs]), 4)
+    assert not result.on_host and ResultRuns(torch.zeros(4, dtype=torch.int64), None, 1).on_host
+    plan = cx.plan()
+    plan.add_rows([(f"r{i}", grammars[i], pos[i], m_cx[i], i) for i in range(len(runs))], result)
+    _, packed, results = plan.pending()
+    assert results == [] and len(plan) == len(runs) and packed[1] == -1  # packed with their tokens
+    plan.feed()
+    want = py.advance_many([(f"r{i}", grammars[i], pos[i], runs[i], m_py[i]) for i in range(len(runs))])
+    assert _norm(plan.out) == _norm(want)
+    assert all(torch.equal(_state(a), _state(b)) for a, b in zip(m_py, m_cx))

@@ -7,20 +7,24 @@ EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar stay 
 1. ``Scheduler.is_disable_overlap_for_batch`` -> :func:`keeps_overlap`: drop the grammar-sync reason (only that one);
    it also records the overlap loop's ``result_queue`` on the runtime (the verify barrier reads it).
 2. ``run_eagle_verify``, before the target-verify launch -> :func:`begin_verify`: the verify tree's async host copy
-   (``GrammarStep.copy_tree``) replaces the blocking ``.cpu()``.
-3. ``run_eagle_verify``, after the launch -> :func:`build_vocab_mask`: ``GrammarStep.build_mask`` with
-   :func:`advance_queued_results` as the barrier (the previous batch's accepted runs, still in ``result_queue``, fed
-   through the ledger), then the SGLang side: abort failed requests alone, ``verify_input.grammar``, clear the
-   extend stage's ``sampling_info.vocab_mask``.
+   (``GrammarStep.copy_tree``) replaces the blocking ``.cpu()``, then ``GrammarStep.start_build`` with
+   :func:`advance_queued_results` as the barrier (the previous batch's accepted runs, still in ``result_queue``,
+   checked by the ledger and queued by row) and the step's one native call handed to the grammar thread (inline, with
+   the grammar thread off: recorded for 3).
+3. ``run_eagle_verify``, after the launch -> :func:`build_vocab_mask`: ``GrammarStep.finish_build`` joins the job (or
+   runs it), then the SGLang side: abort failed requests alone, ``verify_input.grammar``, clear the extend stage's
+   ``sampling_info.vocab_mask``.
 4. Post-processing ``_accept_grammar_tokens`` / ``_apply_prefill_grammar`` -> :func:`accept_tokens` /
-   :func:`accept_prefill_token`: replay what 3 fed (or feed it now), with SGLang's retained-run and abort semantics
+   :func:`accept_prefill_token`: replay what 2-3 fed (``GrammarStep.replay_kept``, one call per request), or feed it
+   now, with SGLang's retained-run and abort semantics
    (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
 
-From "the verify result arrives" to ``accept_token``: :func:`accept_tokens` -> ``accept_run`` -> ``accept_runs`` (one
-run) -> ``GrammarStep.advance_many`` -> ``AcceptLedger.advance_many`` -> the bare xgrammar matcher's ``accept_token``
-(SGLang's ``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or ``grammar.accept_token`` (other grammar
-objects), the tokens passed as arguments all the way; the barrier enters at ``advance_requests`` (a whole result in
-one ledger call).
+From "the verify result arrives" to ``accept_token``: the barrier (:func:`advance_queued_results`) ->
+``requests.result_rows`` -> ``requests.advance_rows_later`` -> ``GrammarStep.advance_later`` -> ``LedgerPlan.add_rows``
+(checks at once; a fresh run through a bare xgrammar matcher queued by row, its tokens read in C++ by the build's
+native call, ``LedgerPlan.fill`` records the outcomes and ``record_on_xgrammar`` SGLang's own record); a run the
+barrier did not see (post-processing first: :func:`accept_tokens` -> ``accept_run`` -> ``GrammarStep.advance_many``)
+is fed at once through the same ledger, ``grammar.accept_token`` for grammar objects other than ``XGrammarGrammar``.
 """
 
 from __future__ import annotations

@@ -14,10 +14,13 @@ replaces the three pieces that are slow or not exactly-once there:
    (exactly once per request id and output position, whichever caller comes first), SGLang's gating, retained runs
    and aborts (:func:`~sglang_eagle_overlap.integration.requests.accept_runs`).
 
-From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` -> ``accept_runs`` (the whole
-batch) -> ``GrammarStep.advance_many`` -> ``AcceptLedger.advance_many`` -> the bare xgrammar matcher's
-``accept_token`` (SGLang's ``XGrammarGrammar``; ``record_on_xgrammar`` keeps its own record) or
-``grammar.accept_token`` (other grammar objects), the tokens passed as arguments.
+From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` (SGLang's barrier inside the verify,
+then its post-processing, answered by ``result.grammar_advanced``) -> ``requests.result_rows`` ->
+``requests.advance_rows_later`` -> ``GrammarStep.advance_later``: inside a build's barrier, ``LedgerPlan.add_rows``
+checks every run at once and queues the fresh ones through a bare xgrammar matcher by row (their tokens read in C++
+by the build's one native call; ``LedgerPlan.fill`` records the outcomes, ``record_on_xgrammar`` SGLang's own record of
+``XGrammarGrammar``); anywhere else, fed at once through the same ledger (``grammar.accept_token`` for other grammar
+objects).
 """
 
 from __future__ import annotations
