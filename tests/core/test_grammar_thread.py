@@ -221,6 +221,48 @@ def test_an_abandoned_job_is_settled_before_the_ledger_is_used_again():
         step.close()
 
 
+@pytest.mark.parametrize("threaded", [True, False], ids=["grammar-thread", "inline"])
+def test_a_tree_copy_that_fails_fails_the_step_and_its_queued_runs_are_still_fed_once(threaded, monkeypatch):
+    """The verify tree's host copy raises after the barrier queued the previous result's runs (inline: before the
+    build starts; grammar thread: on the helper, before its native call): the step raises, and every queued run has
+    still been fed exactly once and handed to the barrier's caller, so the next step starts from the right states."""
+    from sglang_eagle_overlap.core.tree_copy import PendingTree
+
+    w = World(9, bs=3)
+    step = _step(threaded)
+    grammars = [object() for _ in w.spec]
+    outcomes = []
+    original = PendingTree.resolve
+    broken = []
+
+    def resolve(self):
+        if any(self is b for b in broken):
+            raise RuntimeError("tree copy failed")
+        return original(self)
+
+    monkeypatch.setattr(PendingTree, "resolve", resolve)
+    try:
+        ms = w.matchers()
+        reqs = [MaskRequest(matcher=m) for m in ms]
+        pending = step.copy_tree(w.nxt, w.sib, w.tok)
+        broken.append(pending)
+        job = step.start_build(reqs, pending, vocab_size=VOCAB,
+                               barrier=lambda: step.advance_later(w.rows(ms, grammars), w.result(), outcomes.append))
+        with pytest.raises(RuntimeError, match="tree copy failed"):
+            step.finish_build(job, device="cpu")
+        assert len(outcomes) == 1 and [o.retained for o in outcomes[0]] == [tuple(r) for _, _, r, _ in w.spec]
+        assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
+        other = World(9, bs=3).matchers()
+        for (_, _, run, _), m in zip(w.spec, other):
+            for t in run:
+                assert m.accept_token(t)
+        assert _same_states(ms, other)  # fed once: not zero times, not twice
+        job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB)
+        assert step.finish_build(job, device="cpu").device_mask is not None  # the step stays usable
+    finally:
+        step.close()
+
+
 def test_a_barrier_error_is_raised_at_start_and_the_step_stays_usable():
     w = World(5, bs=2)
     step = _step(True)
