@@ -86,7 +86,7 @@ def mask_request_for(req: Any) -> MaskRequest:
     finished = getattr(req, "finished", None)
     if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
         return MaskRequest(None, None, rid)
-    if type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher"):  # is_xgrammar, inlined
+    if is_xgrammar(grammar):
         return MaskRequest(grammar.matcher, None, rid)
     return MaskRequest(None, grammar, rid)
 
@@ -226,8 +226,7 @@ def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[s
             continue
         if prefill and req.inflight_middle_chunks > 0:
             continue  # a chunk that did not finish the prompt emits no token
-        xgrammar = type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher")  # is_xgrammar
-        out.append((str(req.rid), grammar, len(req.output_ids), grammar.matcher if xgrammar else None, i))
+        out.append((str(req.rid), grammar, len(req.output_ids), grammar.matcher if is_xgrammar(grammar) else None, i))
     return out
 
 

@@ -31,10 +31,8 @@ TARGET = (
 def accept_grammar_tokens(original: Callable[..., Any], self: Any, req: Any, tokens: Any, *args: Any,
                           **kwargs: Any) -> Any:
     rt = runtime.active()
-    if rt is None or req.grammar is None:
-        return original(self, req, tokens, *args, **kwargs)
-    known = rt.eagle_server  # the server's decision, cached by band.eagle_server (this runs per request and step)
-    if not (known[1] if known is not None and known[0] is self.server_args else band.eagle_server(rt, self.server_args)):
+    # band.eagle_server keeps the server's decision on the runtime: this runs once per request and step
+    if rt is None or req.grammar is None or not band.eagle_server(rt, getattr(self, "server_args", None)):
         return original(self, req, tokens, *args, **kwargs)
     return band.accept_tokens(rt, req, tokens)
 
