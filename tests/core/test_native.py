@@ -419,12 +419,30 @@ def test_the_sparse_reset_in_the_call_spares_the_rows_it_fills():
     assert any(not bool((buf[r] == -1).all()) for r in written)  # the filled rows were not reset
 
 
+def _result_of(rows, prefill):
+    """A host result holding ``rows``' runs: decode rows ``ids[r * stride : r * stride + lens[r]]``, or, ``prefill``,
+    one token per row (``lens`` None)."""
+    from sglang_eagle_overlap.core.ledger import ResultRuns
+
+    if prefill:
+        return ResultRuns(torch.tensor([run[0] for _, _, run in rows] or [0], dtype=torch.int64), None, 1)
+    stride = max([1] + [len(run) for _, _, run in rows])
+    ids = torch.zeros(max(1, len(rows)) * stride, dtype=torch.int64)
+    lens = torch.zeros(max(1, len(rows)), dtype=torch.int32)
+    for r, (i, start, run) in enumerate(rows):
+        ids[r * stride : r * stride + len(run)] = torch.tensor(run)
+        lens[r] = len(run)
+    return ResultRuns(ids, lens, stride)
+
+
+@pytest.mark.parametrize("layout", ["decode", "prefill", "two-results"])
 @pytest.mark.parametrize("seed", range(3))
-def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed):
+def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed, layout):
     """``LedgerPlan.add_rows`` (a result's rows, tokens read by the native call) against ``advance_many`` in Python on
     the same runs: replays, gaps and conflicts answered at once, fresh runs queued without their tokens, then fed --
-    the same outcomes, ``on_feed`` reports, matcher states and counters, step after step."""
-    from sglang_eagle_overlap.core.ledger import ResultRuns
+    the same outcomes, ``on_feed`` reports, matcher states and counters, step after step. Decode results, prefill
+    results (one token per row) and a step whose rows come from two results (one plan, two ``add_rows`` calls: the
+    0.5.16 barrier with two queued results), whose outcomes ``LedgerPlan.fill`` reads from the right result."""
 
     rng = random.Random(100 + seed)
     reqs, py, cx, m_py, m_cx, grammars, pos = _twin_ledgers(rng, 16)
@@ -443,22 +461,19 @@ def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed):
                 start = pos[i]
             if rng.random() < 0.05:
                 grammars[i] = object()  # the host rebuilt the grammar: re-anchored at start
-            rows.append((i, start, run))
-        stride = max([1] + [len(run) for _, _, run in rows])
-        ids = torch.zeros(max(1, len(rows)) * stride, dtype=torch.int64)
-        lens = torch.zeros(max(1, len(rows)), dtype=torch.int32)
-        for r, (i, start, run) in enumerate(rows):
-            ids[r * stride : r * stride + len(run)] = torch.tensor(run)
-            lens[r] = len(run)
+            rows.append((i, start, run[:1] if layout == "prefill" else run))
         fed_py, fed_cx = [], []
         got_py = py.advance_many([(f"r{i}", grammars[i], start, run, m_py[i]) for i, start, run in rows],
                                  lambda g, o: fed_py.append((id(g), o)))
         plan = cx.plan()
-        slots = plan.add_rows([(f"r{i}", grammars[i], start, m_cx[i], r) for r, (i, start, _) in enumerate(rows)],
-                              ResultRuns(ids, lens, stride), lambda g, o: fed_cx.append((id(g), o)))
+        parts = [rows[: len(rows) // 2], rows[len(rows) // 2 :]] if layout == "two-results" else [rows]
+        first = len(plan.out)
+        for part in parts:
+            plan.add_rows([(f"r{i}", grammars[i], start, m_cx[i], r) for r, (i, start, _) in enumerate(part)],
+                          _result_of(part, layout == "prefill"), lambda g, o: fed_cx.append((id(g), o)))
         queued_total += len(plan)
         plan.feed()
-        got_cx = plan.out[slots.start : slots.stop]
+        got_cx = plan.out[first:]
         assert _norm(got_cx) == _norm(got_py), f"step {step}"
         assert sorted(fed_cx, key=repr) == sorted(fed_py, key=repr), f"step {step}"
         assert plan.errors == sum(isinstance(o, Exception) for o in got_py)
