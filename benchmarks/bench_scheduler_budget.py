@@ -203,9 +203,43 @@ def markdown(result: Dict[str, Any]) -> str:
                 f"{f(ratio, '{:.2f}×') if ratio is not None else ''} |"
             )
     lines += ["", f"Greedy json outputs identical across paths: {result['identical']}.", ""]
+    lines += breakdown_markdown(result.get("breakdown"))
     if result.get("problems"):
         lines += ["Problems seen:", ""] + [f"- {p}" for p in result["problems"]] + [""]
     return "\n".join(lines)
+
+
+def breakdowns(runs: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
+    """``--breakdown``: per ``spec/path``, the step probe's ``breakdown_summary`` over all its engines' records (per
+    batch size, per function: calls per loop iteration, median ms per call)."""
+    from sglang_eo_dev.cpu_runtime.step_times import breakdown_summary
+
+    out: Dict[str, Dict[str, Dict[str, List[float]]]] = {}
+    for key in dict.fromkeys(f"{r['spec']}/{r['path']}" for r in runs):
+        records = [rec for r in runs if f"{r['spec']}/{r['path']}" == key for rec in r.get("breakdown") or []]
+        if records:
+            out[key] = breakdown_summary(records)
+    return out
+
+
+def breakdown_markdown(summary: Optional[Dict[str, Dict[str, Dict[str, List[float]]]]]) -> List[str]:
+    """The ``--breakdown`` tables: per ``spec/path``, at its largest batch size, every timed function by its time per
+    loop iteration (calls x median; a caller's time includes its callees')."""
+    if not summary:
+        return []
+    lines = ["## Where (b) goes (`--breakdown`)", "",
+             "Each plugin function on the scheduler thread timed whole, per call (a caller includes its callees; "
+             "`GrammarStep.write_stats` is the benchmark's stats file, outside (b)); the wrappers add a few "
+             "microseconds per call, so this run's (b) above is not the criterion's. `ms per step` = calls per loop "
+             "iteration x median ms per call.", ""]
+    for key, by_bs in summary.items():
+        bs = max(by_bs, key=int)
+        lines += [f"### {key}, bs {bs}", "", "| function | calls per step | median ms per call | ms per step |",
+                  "|---|---|---|---|"]
+        for name, (calls, med) in sorted(by_bs[bs].items(), key=lambda kv: -kv[1][0] * kv[1][1]):
+            lines.append(f"| `{name}` | {calls:.2f} | {med:.3f} | {calls * med:.3f} |")
+        lines.append("")
+    return lines
 
 
 # -- engine runs ---------------------------------------------------------------------------------------------------
@@ -272,7 +306,9 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
         # the probe's per-op dispatch cost (the CPU share of a tensor op) and its own per-call cost
         out["dispatch_us"], out["probe_overhead_us"] = probe.get("dispatch_us"), probe.get("probe_overhead_us")
         errors = probe.get("errors") or []
-        problems += [f"{tag}: {e}" for e in errors]
+        # a ``before`` revision may lack functions of this checkout's breakdown list: not a problem of the run
+        problems += [f"{tag}: {e}" for e in errors if not (path == "before" and e.startswith("breakdown"))]
+        out["breakdown"] = probe.get("breakdown") or []  # Breakdown flushes (--breakdown), summarised in main
         st = read_stats(plugin_file)
         if stock:
             if st.get("active"):
@@ -390,6 +426,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "`off` for the code the GPU table's inline column measured (a4e4bca with forced drafts off)")
     ap.add_argument("--allocator", choices=("jemalloc", "system"), default="jemalloc",
                     help="host allocator of the engines (default jemalloc: see use_allocator)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the plugin's scheduler-thread functions one by one in every engine (the step "
+                         "probe's Breakdown) and report where (b) goes, per path, at the largest batch size; the "
+                         "wrappers add a few microseconds per call, so the (b) of such a run is not the criterion's "
+                         "(results file suffixed _breakdown)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
@@ -409,6 +450,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     specs = [s for s in args.specs.split(",") if s]
     problems: List[str] = []
     runs = []
+    if args.breakdown:
+        from sglang_eo_dev.cpu_runtime.step_times import BREAKDOWN_ENV
+
+        os.environ[BREAKDOWN_ENV] = "1"  # every engine process, the `before` child's included
     with tempfile.TemporaryDirectory() as tmp:
         package_dir = ""
         if args.before:
@@ -433,7 +478,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "rows": aggregate(runs, args.batches),
         "identical": identical_outputs(runs),
         "problems": problems,
-        "runs": [{k: v for k, v in r.items() if k != "cells"} | {"cells": {
+        "breakdown": breakdowns(runs) if args.breakdown else None,
+        "runs": [{k: v for k, v in r.items() if k not in ("cells", "breakdown")} | {"cells": {
             bs: {k: c[k] for k in ("unconstrained", "json", "plugin", "tokens", "verify")}
             for bs, c in r["cells"].items()}} for r in runs],
     }
@@ -442,6 +488,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stem = f"scheduler_budget_{result['machine']['sglang']}"  # not Path.with_suffix: "0.5.16" has a dot
     if tuple(paths) != PATHS:
         stem += "_" + "_".join(paths)
+    if args.breakdown:
+        stem += "_breakdown"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))

@@ -342,7 +342,7 @@ def test_install_appends_one_line_per_step_and_wraps_once(tmp_path, monkeypatch)
     with open(path, "a", encoding="utf-8") as f:
         f.write('[1.0, 2.0, 3.0, 4.0, 1.0]\n[1.0, 0.0')  # a last line still being written is skipped
     assert step_times.read_step_times(path)["steps"] == got["steps"] + [[1.0, 2.0, 3.0, 4.0, 1.0]]
-    empty = {"pid": None, "dispatch_us": None, "probe_overhead_us": None, "steps": [], "errors": []}
+    empty = {"pid": None, "dispatch_us": None, "probe_overhead_us": None, "steps": [], "errors": [], "breakdown": []}
     assert step_times.read_step_times(tmp_path / "none.jsonl") == empty
 
 
@@ -360,6 +360,106 @@ def test_the_op_timer_runs_on_a_cpu_engine_only(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")  # no server args: the CPU runtime's switch decides
     step_times.install(types.SimpleNamespace(run_batch=lambda b: b), (0, 5, 16))
     assert len(started) == 2
+
+
+def test_breakdown_times_each_call_whole_on_its_own_thread_under_the_launched_batch_size():
+    """Each wrapped function's call is timed whole (a caller includes its callees), filed under the batch size set at
+    the last launch; another thread's calls are not recorded; a flush hands over what was recorded since the last one
+    (None when nothing was); the summary is calls per loop iteration and the median ms per call, by batch size."""
+    import threading
+
+    clock = FakeClock()
+    bd = step_times.Breakdown(clock=clock)
+
+    def inner():
+        clock.t += 0.001
+
+    inner = bd.wrap(inner)
+
+    def outer(k):
+        clock.t += 0.002
+        for _ in range(k):
+            inner()
+        return k
+
+    outer = bd.wrap(outer)
+    assert bd.flush() is None
+    bd.bs = 8
+    assert outer(2) == 2
+    bd.bs = 64  # a launch after the calls: they stay filed under the size they ran at
+    first = bd.flush()
+    assert first == {"bs": 8, "calls": {"inner": [pytest.approx(0.001)] * 2, "outer": [pytest.approx(0.004)]}}
+    assert bd.flush() is None
+    worker = threading.Thread(target=outer, args=(3,))
+    worker.start()
+    worker.join()
+    assert bd.flush() is None  # another thread's calls are not recorded
+    outer(1)
+    outer(0)
+    second = bd.flush()
+    assert second["bs"] == 64 and len(second["calls"]["outer"]) == 2 and len(second["calls"]["inner"]) == 1
+    # a grammar step is an iteration that called the core's GrammarStep (the others found no grammar): renamed so
+    unconstrained = {"bs": 64, "calls": {"entry": [0.5, 0.5]}}
+    steps = [{"bs": r["bs"], "calls": {("GrammarStep." + k if k == "outer" else k): v for k, v in r["calls"].items()}}
+             for r in (first, second)]
+    got = step_times.breakdown_summary([steps[0], unconstrained, steps[1], unconstrained])
+    assert got["8"]["inner"] == [2.0, pytest.approx(1.0)]
+    assert got["8"]["GrammarStep.outer"] == [1.0, pytest.approx(4.0)]
+    assert got["64"]["GrammarStep.outer"] == [2.0, pytest.approx(2.5)]
+    assert got["64"]["inner"] == [1.0, pytest.approx(1.0)]
+    assert "entry" not in got["64"]
+
+
+def test_install_with_a_breakdown_writes_one_line_per_loop_iteration(tmp_path, monkeypatch):
+    """With ``BREAKDOWN_ENV`` set, install wraps the band's breakdown functions too (0.5.16's list on 0.5.16) and
+    every ``run_batch`` writes what the functions did since the previous one, under the batch size they ran at."""
+    path = tmp_path / "steps.jsonl"
+    monkeypatch.setenv(step_times.STEP_TIMES_ENV, str(path))
+    monkeypatch.setenv(step_times.BREAKDOWN_ENV, "1")
+    breakdowns, asked = [], []
+
+    def fake_wrap(timer, *where):
+        if isinstance(timer, step_times.Breakdown):
+            breakdowns.append(timer)
+            asked.append(where)
+        return "gone" if where[1:] == ("GrammarStep", "_collect") else None
+
+    monkeypatch.setattr(step_times, "_wrap_region", fake_wrap)
+    monkeypatch.setattr(step_times, "_exclude_region", lambda *a: None)
+    monkeypatch.setattr(step_times, "_time_tensor_ops", lambda rec: None)
+    calls = []
+
+    class Scheduler:
+        server_args = types.SimpleNamespace(device="cpu")
+
+        def run_batch(self, batch):
+            if batch.has_grammar:
+                work()
+            return batch
+
+    sched = Scheduler()
+    step_times.install(sched, (0, 5, 16))
+    assert asked == list(step_times._BREAKDOWN_0_5_16) and len(set(map(id, breakdowns))) == 1
+    work = breakdowns[0].wrap(lambda: calls.append(1))
+    for b in (_Batch(True, True, True, 4), _Batch(True, True, True, 4), _Batch(True, True, False, 2),
+              _Batch(True, True, True, 3)):
+        sched.run_batch(b)
+    got = step_times.read_step_times(path)
+    # each line is written at the next launch: the last iteration's calls are still in memory
+    assert [(r["bs"], {k: len(v) for k, v in r["calls"].items()}) for r in got["breakdown"]] == [
+        (4, {"<lambda>": 1}), (4, {"<lambda>": 1})]
+    assert got["errors"] == ["breakdown function not timed: gone"] and len(calls) == 3
+
+
+@pytest.mark.parametrize("targets", ["_BREAKDOWN_0_5_16", "_BREAKDOWN_0_5_23"])
+def test_every_breakdown_function_exists_in_the_plugin(targets):
+    """A renamed plugin function would drop out of the breakdown (reported as an error line at run time): every target
+    names a function of this checkout's package."""
+    import importlib
+
+    for module, attr, method in getattr(step_times, targets):
+        owner = getattr(importlib.import_module(module), attr)
+        assert callable(owner if method is None else owner.__dict__.get(method)), (module, attr, method)
 
 
 def test_install_without_the_env_variable_changes_nothing(monkeypatch):

@@ -203,3 +203,26 @@ def test_plugin_per_step_means(sb):
     assert p["advance_ms"] == pytest.approx(1.0) and p["mask_ms"] == pytest.approx(2.0)
     assert p["helper_gil_ms"] == pytest.approx(0.1) and p["timeouts_per_step"] == 0.5
     assert sb.plugin_per_step({"steps": 0}) is None
+
+
+def test_breakdown_tables_merge_a_paths_engines_at_its_largest_batch(sb):
+    """``--breakdown``: the records of all engines of one spec/path are summarised together (the median over every
+    call), and the markdown lists each path's functions at its largest batch size, by time per loop iteration."""
+    runs = [
+        {"spec": "topk1", "path": "thread", "breakdown": [
+            {"bs": 64, "calls": {"GrammarStep.finish_build": [0.002], "LedgerPlan.fill": [0.0005, 0.0003]}},
+            {"bs": 8, "calls": {"GrammarStep.finish_build": [0.001]}},
+            {"bs": 64, "calls": {"hand_over_verify": [0.00001]}}]},  # an unconstrained iteration: left out
+        {"spec": "topk1", "path": "thread", "breakdown": [
+            {"bs": 64, "calls": {"GrammarStep.finish_build": [0.004], "LedgerPlan.fill": [0.0001]}}]},
+        {"spec": "topk1", "path": "before", "breakdown": []},  # an engine without records gives no table
+    ]
+    got = sb.breakdowns(runs)
+    assert list(got) == ["topk1/thread"]
+    assert got["topk1/thread"]["64"]["GrammarStep.finish_build"] == [1.0, pytest.approx(3.0)]
+    assert got["topk1/thread"]["64"]["LedgerPlan.fill"] == [1.5, pytest.approx(0.3)]
+    text = "\n".join(sb.breakdown_markdown(got))
+    assert "### topk1/thread, bs 64" in text and "bs 8" not in text
+    assert text.index("`GrammarStep.finish_build` | 1.00 | 3.000 | 3.000") < text.index("`LedgerPlan.fill` | 1.50")
+    assert "hand_over_verify" not in got["topk1/thread"]["64"]
+    assert sb.breakdown_markdown(None) == [] and sb.breakdown_markdown({}) == []

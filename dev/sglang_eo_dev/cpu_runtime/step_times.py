@@ -63,16 +63,19 @@ import functools
 import importlib
 import json
 import os
+import statistics
 import sys
 import threading
 import time
 import types
 from typing import Any, Callable, Optional, Tuple
 
-__all__ = ["PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "GrammarTimer", "StepClock", "TensorOpTimer", "install", "load",
-           "read_step_times", "write_probe_distribution"]
+__all__ = ["BREAKDOWN_ENV", "PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "Breakdown", "GrammarTimer", "StepClock",
+           "TensorOpTimer", "breakdown_summary", "install", "load", "read_step_times", "write_probe_distribution"]
 
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"
+# Opt-in (``bench_scheduler_budget.py --breakdown``): where the plugin's scheduler-thread time goes, per function
+BREAKDOWN_ENV = "SGLANG_EO_STEP_BREAKDOWN"
 MAX_STEPS = 200000
 # name = target of this module's SGLang plugin entry point (group ``sglang.srt.plugins``)
 PROBE_ENTRY_POINT = ("eo_step_times", "sglang_eo_dev.cpu_runtime.step_times:load")
@@ -135,6 +138,67 @@ class GrammarTimer:
 
         setattr(untimed, self._marker, True)
         return untimed
+
+
+class Breakdown:
+    """Inclusive wall time of every call of some functions on one thread (the scheduler's: the one that creates it),
+    filed under the batch size of the last launched batch (``bs``, set by the caller at each launch). :meth:`flush`
+    hands over what was recorded since the last flush: ``{"bs": bs, "calls": {name: [seconds, ...]}}`` (None when
+    nothing was), one flush per scheduler loop iteration. Nested functions are each timed whole (a caller's time
+    includes its callees'). A wrapped call costs a few microseconds more: a run with a breakdown is not a timing
+    run."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, marker: str = "__eo_breakdown_timed__") -> None:
+        self._clock = clock
+        self._owner = threading.get_ident()
+        self._marker = marker
+        self.bs = 0
+        self._calls: dict[str, list[float]] = {}
+        self._bs_of_calls = 0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` timed under its qualified name, without an enclosing function's (on the owner thread only)."""
+        owner, clock, name = self._owner, self._clock, fn.__qualname__.rsplit("<locals>.", 1)[-1]
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != owner:
+                return fn(*args, **kwargs)
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if not self._calls:
+                    self._bs_of_calls = self.bs
+                self._calls.setdefault(name, []).append(clock() - t)
+
+        setattr(timed, self._marker, True)
+        return timed
+
+    def flush(self) -> Optional[dict[str, Any]]:
+        if not self._calls:
+            return None
+        out = {"bs": self._bs_of_calls, "calls": self._calls}
+        self._calls = {}
+        return out
+
+
+def breakdown_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """:class:`Breakdown` flushes (one per scheduler loop iteration) -> per batch size, per function: ``[calls per
+    grammar step, median ms per call]``. A grammar step is an iteration in which the core's ``GrammarStep`` was
+    called; iterations of unconstrained batches (where only the band's entry points ran, to find no grammar) are left
+    out."""
+    by_bs: dict[str, dict[str, list[float]]] = {}
+    iterations: dict[str, int] = {}
+    for rec in records:
+        if not any(name.startswith("GrammarStep.") for name in rec["calls"]):
+            continue
+        key = str(rec["bs"])
+        iterations[key] = iterations.get(key, 0) + 1
+        for name, times in rec["calls"].items():
+            by_bs.setdefault(key, {}).setdefault(name, []).extend(times)
+    return {bs: {name: [len(v) / iterations[bs], statistics.median(v) * 1e3] for name, v in fns.items()}
+            for bs, fns in by_bs.items()}
 
 
 class StepClock:
@@ -357,6 +421,21 @@ _REGIONS_0_5_23 = (
 _KERNELS = (("sglang.srt.model_executor.forward_batch_info", "compute_position_torch"),)
 # Instrumentation inside a region, not counted: the plugin's stats-file write.
 _EXCLUDED = ("sglang_eagle_overlap.core.step", "GrammarStep", "write_stats")
+# --breakdown: the plugin's functions on the scheduler thread, each timed whole (engine-agnostic core, then the band's
+# entry points and the integration helpers it calls per step)
+_BREAKDOWN_CORE = tuple(("sglang_eagle_overlap.core." + m, cls, fn) for m, cls, fn in (
+    ("step", "GrammarStep", "start_build"), ("step", "GrammarStep", "finish_build"),
+    ("step", "GrammarStep", "_collect"),
+    ("step", "GrammarStep", "_join"), ("step", "GrammarStep", "_complete"), ("step", "GrammarStep", "report"),
+    ("step", "GrammarStep", "write_stats"), ("step", "_GrammarThread", "submit"), ("step", "_GrammarThread", "result"),
+    ("ledger", "LedgerPlan", "add_rows"), ("ledger", "LedgerPlan", "fill"), ("mask", "TreeMaskBuilder", "prepare"),
+    ("mask", "TreeMaskBuilder", "finish"), ("mask", "TreeMaskBuilder", "native_result")))
+_BREAKDOWN_0_5_16 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_16.band", fn, None) for fn in (
+    "keeps_overlap", "begin_verify", "build_vocab_mask", "advance_queued_results", "accept_tokens", "mask_requests",
+    "result_rows", "settle_mask"))
+_BREAKDOWN_0_5_23 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_23.band", fn, None) for fn in (
+    "hand_over_verify", "start_grammar_job", "build_grammar_vocab_mask", "advance_grammar_fsm", "mask_requests",
+    "result_rows", "kept_runs", "settle_mask"))
 # The model forward ("GPU work" on a CPU engine: it runs synchronously on the scheduler thread there).
 _FORWARD = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
 _OPTIONAL_MODULE_PREFIX = "sglang_eagle_overlap."  # the product plugin may be absent
@@ -373,8 +452,9 @@ def _exclude_region(timer: GrammarTimer, module: str, attr: str, method: str) ->
         setattr(owner, method, timer.wrap_excluded(fn))
 
 
-def _wrap_region(timer: GrammarTimer, module: str, attr: str, method: Optional[str]) -> Optional[str]:
-    """Wrap one region in place; returns an error text when a required one is missing."""
+def _wrap_region(timer: GrammarTimer | Breakdown, module: str, attr: str, method: Optional[str]) -> Optional[str]:
+    """Wrap one region (or one function of a breakdown) in place; returns an error text when a required one is
+    missing."""
     try:
         mod = importlib.import_module(module)
     except ImportError as exc:
@@ -414,6 +494,7 @@ class _Recorder:
         self.forward = GrammarTimer(marker="__eo_forward_timed__")
         self.ops = TensorOpTimer(lambda: self.forward._depth > 0, lambda: self.timer._depth > 0)
         self.clock = StepClock(self.timer, forward=self.forward, ops=self.ops)
+        self.breakdown: Optional[Breakdown] = None  # opt-in (BREAKDOWN_ENV): install wraps its functions
         # append: several scheduler processes (tensor parallel ranks) may share the file, each line is one write
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
         self._line({"pid": os.getpid()})
@@ -443,6 +524,12 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
         if err:
             rec.error(f"grammar region not timed: {err}")
     _exclude_region(rec.timer, *_EXCLUDED)
+    if os.environ.get(BREAKDOWN_ENV):
+        rec.breakdown = Breakdown()
+        for module, attr, method in _BREAKDOWN_0_5_16 if sglang_version < (0, 5, 17) else _BREAKDOWN_0_5_23:
+            err = _wrap_region(rec.breakdown, module, attr, method)
+            if err:
+                rec.error(f"breakdown function not timed: {err}")
     err = _wrap_region(rec.forward, *_FORWARD)
     if err:
         rec.error(f"forward not timed: {err}")
@@ -457,6 +544,11 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
             kind = spec_decode_kind(batch)
             if rec.clock.launch(kind is not None, bs, bool(kind)):
                 rec.step(rec.clock.steps[-1])
+            if rec.breakdown is not None:  # the last loop iteration's calls, then this batch's size for the next
+                flushed = rec.breakdown.flush()
+                if flushed is not None:
+                    rec._line({"breakdown": flushed})
+                rec.breakdown.bs = bs
         try:
             return run_batch(batch, *args, **kwargs)
         finally:
@@ -561,10 +653,11 @@ def write_probe_distribution(directory: str | os.PathLike[str]) -> str:
 
 
 def read_step_times(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The records the scheduler wrote so far (``{"pid", "dispatch_us", "steps": [], "errors": []}``: empty when none
-    yet; ``dispatch_us`` the per-op dispatch cost :class:`TensorOpTimer` measured). A last line still being written is
-    skipped."""
-    out: dict[str, Any] = {"pid": None, "dispatch_us": None, "probe_overhead_us": None, "steps": [], "errors": []}
+    """The records the scheduler wrote so far (``{"pid", "dispatch_us", "steps": [], "errors": [], "breakdown": []}``:
+    empty when none yet; ``dispatch_us`` the per-op dispatch cost :class:`TensorOpTimer` measured; ``breakdown`` the
+    :class:`Breakdown` flushes, with ``BREAKDOWN_ENV`` set). A last line still being written is skipped."""
+    out: dict[str, Any] = {"pid": None, "dispatch_us": None, "probe_overhead_us": None, "steps": [], "errors": [],
+                           "breakdown": []}
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")
@@ -581,6 +674,8 @@ def read_step_times(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["steps"].append(obj)
         elif "error" in obj:
             out["errors"].append(obj["error"])
+        elif "breakdown" in obj:
+            out["breakdown"].append(obj["breakdown"])
         elif "pid" in obj:
             out["pid"] = obj["pid"]
         elif "dispatch_us" in obj:
