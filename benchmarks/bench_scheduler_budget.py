@@ -41,6 +41,11 @@ Run (one engine at a time: the lock keeps other engine runs off the 2 cores; the
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.16/bin/python benchmarks/bench_scheduler_budget.py
 
+``--breakdown`` also times the plugin's functions on the scheduler thread one by one inside every engine (the dev
+step probe's ``Breakdown``: each function timed whole, per call, by batch size) and adds "Where (b) goes" tables: per
+path, at the largest batch size, every function's calls per grammar step and median ms per call. Its wrappers cost a
+few microseconds per call, so use a separate run for the criterion.
+
 Writes ``benchmarks/results/scheduler_budget_<sglang>.{json,md}``. Medians over the full-batch steps of all rounds.
 CPU figures: what the scheduler thread does on this machine, not a GPU's step time (``benchmarks/step_model.py``
 turns them into a GPU prediction with one calibrated constant). Not a test: no timing gates anything.

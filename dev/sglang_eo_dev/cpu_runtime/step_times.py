@@ -54,7 +54,15 @@ records thousands of steps, and rewriting a whole file per step would cost the s
 ``{"pid": ...}`` header per scheduler process and
 its calibration ``{"dispatch_us": ..., "probe_overhead_us": ...}``, then one record list per step and ``{"error": ...}``
 objects. :func:`read_step_times` returns ``{"pid", "dispatch_us", "probe_overhead_us", "steps": [...], "errors":
-[...]}``.
+[...], "breakdown": [...]}``.
+
+Opt-in breakdown (``SGLANG_EO_STEP_BREAKDOWN=1``; ``bench_scheduler_budget.py --breakdown``): where the plugin's
+scheduler-thread time goes. :class:`Breakdown` wraps the plugin's functions of ``_BREAKDOWN_0_5_16`` /
+``_BREAKDOWN_0_5_23`` (the core's ``GrammarStep`` / ledger plan / mask builder steps, the band's entry points and the
+integration helpers they call) and times every call whole on the scheduler thread; each ``run_batch`` writes the
+previous loop iteration's calls as one ``{"breakdown": {"bs": ..., "calls": {name: [s, ...]}}}`` line, and
+:func:`breakdown_summary` turns them into calls per grammar step and median ms per call. The wrappers cost every call
+a few microseconds: not for a run whose timings are the result.
 """
 
 from __future__ import annotations
