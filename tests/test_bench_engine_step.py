@@ -403,10 +403,12 @@ def test_breakdown_times_each_call_whole_on_its_own_thread_under_the_launched_ba
     steps = [{"bs": r["bs"], "calls": {("GrammarStep." + k if k == "outer" else k): v for k, v in r["calls"].items()}}
              for r in (first, second)]
     got = step_times.breakdown_summary([steps[0], unconstrained, steps[1], unconstrained])
-    assert got["8"]["inner"] == [2.0, pytest.approx(1.0)]
-    assert got["8"]["GrammarStep.outer"] == [1.0, pytest.approx(4.0)]
-    assert got["64"]["GrammarStep.outer"] == [2.0, pytest.approx(2.5)]
-    assert got["64"]["inner"] == [1.0, pytest.approx(1.0)]
+    assert got["8"]["inner"] == [2.0, pytest.approx(1.0), pytest.approx(1.0)]
+    assert got["8"]["GrammarStep.outer"] == [1.0, pytest.approx(4.0), pytest.approx(4.0)]
+    assert got["64"]["GrammarStep.outer"] == [2.0, pytest.approx(2.5), pytest.approx(2.5)]
+    assert got["64"]["inner"] == [1.0, pytest.approx(1.0), pytest.approx(1.0)]
+    skewed = step_times.breakdown_summary([{"bs": 1, "calls": {"GrammarStep.x": [0.001, 0.001, 0.010]}}])
+    assert skewed["1"]["GrammarStep.x"] == [3.0, pytest.approx(1.0), pytest.approx(4.0)]  # median vs mean
     assert "entry" not in got["64"]
 
 

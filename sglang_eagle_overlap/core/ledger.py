@@ -116,10 +116,10 @@ Run = Tuple[Hashable, GrammarLike, int, Sequence[int], Optional[MatcherLike]]
 AdvanceResult = Union[AdvanceOutcome, LedgerError]
 
 
-_PENDING = AdvanceOutcome(-1, (), (), False, "pending native feed")
+_PENDING = AdvanceOutcome(-1, (), (), False, "pending native feed")  # a slot of advance_many's result, filled later
 # ``AdvanceOutcome`` from one tuple of its five fields, without the named tuple's Python ``__new__`` frame (the
-# per-run loops of ``LedgerPlan.fill``)
-_outcome = functools.partial(tuple.__new__, AdvanceOutcome)  # a slot of advance_many's result, filled later
+# per-run loop of ``LedgerPlan.fill``)
+_outcome = functools.partial(tuple.__new__, AdvanceOutcome)
 
 
 class _Entry:

@@ -219,10 +219,11 @@ def test_breakdown_tables_merge_a_paths_engines_at_its_largest_batch(sb):
     ]
     got = sb.breakdowns(runs)
     assert list(got) == ["topk1/thread"]
-    assert got["topk1/thread"]["64"]["GrammarStep.finish_build"] == [1.0, pytest.approx(3.0)]
-    assert got["topk1/thread"]["64"]["LedgerPlan.fill"] == [1.5, pytest.approx(0.3)]
+    assert got["topk1/thread"]["64"]["GrammarStep.finish_build"] == [1.0, pytest.approx(3.0), pytest.approx(3.0)]
+    assert got["topk1/thread"]["64"]["LedgerPlan.fill"] == [1.5, pytest.approx(0.3), pytest.approx(0.3)]
     text = "\n".join(sb.breakdown_markdown(got))
     assert "### topk1/thread, bs 64" in text and "bs 8" not in text
-    assert text.index("`GrammarStep.finish_build` | 1.00 | 3.000 | 3.000") < text.index("`LedgerPlan.fill` | 1.50")
+    assert text.index("`GrammarStep.finish_build` | 1.00 | 3.000 | 3.000 | 3.000") < text.index(
+        "`LedgerPlan.fill` | 1.50 | 0.300 | 0.300 | 0.450")
     assert "hand_over_verify" not in got["topk1/thread"]["64"]
     assert sb.breakdown_markdown(None) == [] and sb.breakdown_markdown({}) == []

@@ -193,7 +193,9 @@ class Breakdown:
 
 def breakdown_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
     """:class:`Breakdown` flushes (one per scheduler loop iteration) -> per batch size, per function: ``[calls per
-    grammar step, median ms per call]``. A grammar step is an iteration in which the core's ``GrammarStep`` was
+    grammar step, median ms per call, mean ms per call]`` (calls x mean is the function's time per step; the median is
+    the typical call, misleading for a function whose calls do different things, e.g. a barrier call that feeds and a
+    post-processing call that returns at once). A grammar step is an iteration in which the core's ``GrammarStep`` was
     called; iterations of unconstrained batches (where only the band's entry points ran, to find no grammar) are left
     out."""
     by_bs: dict[str, dict[str, list[float]]] = {}
@@ -205,8 +207,8 @@ def breakdown_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, list
         iterations[key] = iterations.get(key, 0) + 1
         for name, times in rec["calls"].items():
             by_bs.setdefault(key, {}).setdefault(name, []).extend(times)
-    return {bs: {name: [len(v) / iterations[bs], statistics.median(v) * 1e3] for name, v in fns.items()}
-            for bs, fns in by_bs.items()}
+    return {bs: {name: [len(v) / iterations[bs], statistics.median(v) * 1e3, statistics.fmean(v) * 1e3]
+                 for name, v in fns.items()} for bs, fns in by_bs.items()}
 
 
 class StepClock:
@@ -432,8 +434,8 @@ _EXCLUDED = ("sglang_eagle_overlap.core.step", "GrammarStep", "write_stats")
 # --breakdown: the plugin's functions on the scheduler thread, each timed whole (engine-agnostic core, then the band's
 # entry points and the integration helpers it calls per step)
 _BREAKDOWN_CORE = tuple(("sglang_eagle_overlap.core." + m, cls, fn) for m, cls, fn in (
-    ("step", "GrammarStep", "start_build"), ("step", "GrammarStep", "finish_build"),
-    ("step", "GrammarStep", "_collect"),
+    ("step", "GrammarStep", "copy_tree"), ("step", "GrammarStep", "start_build"),
+    ("step", "GrammarStep", "finish_build"), ("step", "GrammarStep", "_collect"),
     ("step", "GrammarStep", "_join"), ("step", "GrammarStep", "_complete"), ("step", "GrammarStep", "report"),
     ("step", "GrammarStep", "write_stats"), ("step", "_GrammarThread", "submit"), ("step", "_GrammarThread", "result"),
     ("ledger", "LedgerPlan", "add_rows"), ("ledger", "LedgerPlan", "fill"), ("mask", "TreeMaskBuilder", "prepare"),
