@@ -249,20 +249,15 @@ class ResultRuns:
 
     def run(self, row: int) -> Tuple[int, ...]:
         """The run of ``row`` (waits for the host copy the first time)."""
-        ids, lens = self.lists()
-        if lens is None:
-            return (ids[row],)
-        a = row * self.stride
-        return tuple(ids[a : a + lens[row]])
-
-    def lists(self) -> Tuple[List[int], Optional[List[int]]]:
-        """The result's token ids and accept lengths (None: a prefill) as lists, read once (waits for the host copy
-        the first time). :meth:`run` slices them; a loop over many rows of one result may slice them itself."""
         if self._ids is None:
             self.wait()
             self._lens = None if self.lens is None else self.lens.tolist()
             self._ids = self.ids.tolist()
-        return self._ids, self._lens
+        ids = self._ids
+        if self._lens is None:
+            return (ids[row],)
+        a = row * self.stride
+        return tuple(ids[a : a + self._lens[row]])
 
 
 def _on_host(t: Any) -> bool:
@@ -429,27 +424,13 @@ class LedgerPlan:
             raise ValueError(f"{len(feeds) // 2} feed outcomes for {len(batch)} waiting runs")
         ledger, out = self.ledger, self.out
         record = ledger._record
-        # The common case per run -- a run of a result the loop already read, fed whole -- costs no call but
-        # on_feed's and the record's (issue 17: this loop is the largest per-request piece of the scheduler thread's
-        # grammar time); the runs of one result are usually consecutive.
-        last: Optional[ResultRuns] = None
-        ids: List[int] = []
-        lens: Optional[List[int]] = None
-        stride = 0
-        pairs = iter(feeds)
-        for f, ((slot, entry, start, toks, grammar, on_feed, result, row), kept, state) in enumerate(
-                zip(batch, pairs, pairs)):
+        for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
             if toks is None:
                 assert result is not None  # a run queued without its tokens has its result
-                if result is not last:
-                    last, stride = result, result.stride
-                    ids, lens = result.lists()
-                if lens is None:
-                    toks = (ids[row],)
-                else:
-                    a = row * stride
-                    toks = tuple(ids[a : a + lens[row]])
-            if state == FED and kept == len(toks):
+                toks = result.run(row)
+            kept = feeds[2 * f]
+            state = feeds[2 * f + 1]
+            if state == FED and kept == len(toks):  # the common case (issue 17: the largest per-request loop)
                 outcome = _outcome((start, toks, toks, False, None))
             else:
                 outcome = native_outcome(start, toks, kept, state, None if errors is None else errors.get(f))

@@ -52,8 +52,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Generic, Iterable, List, Literal, Optional, Protocol,
-                    Sequence, Tuple, TypeVar)
+from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, List, Literal, Optional, Protocol, Sequence,
+                    Tuple, TypeVar)
 
 import torch
 
@@ -232,8 +232,6 @@ class TreeMaskBuilder:
         # is the unit of work; below this many requests the calling thread does them alone.
         self.parallel_min_requests = 8
         self._buf: Optional[torch.Tensor] = None
-        self._buf_shape = (0, 0)  # (rows, width) of ``_buf``, read without a torch call
-        self._views: Dict[int, torch.Tensor] = {}  # ``_buf[:rows]`` by rows, for the buffer of ``_buf_shape``
         # Sparse, deferred reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler
         # thread's grammar time at bs 64). Between builds, rows [0, _clean_rows) hold all-allowed words except the rows
         # in ``_dirty``, which the last build wrote; rows from ``_clean_rows`` on are unknown. A build resets, when it
@@ -257,14 +255,13 @@ class TreeMaskBuilder:
         Every other row is all-allowed: rows never handed out before are reset here. Call order: once per build, which
         must then call :meth:`_settle` with the rows it wrote."""
         buf = self._buf
-        cap, buf_width = self._buf_shape
-        if buf is None or cap < rows or buf_width != width:
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != width:
             # Grow to the next power of two: a batch that grows step by step allocates (pinned: a slow, serialising
             # driver call) O(log rows) times, not once per new batch size.
             cap = 1 << max(rows - 1, 0).bit_length()
             buf = torch.empty((cap, width), dtype=torch.int32, pin_memory=self.pin_memory)
             self.allocations += 1
-            self._buf, self._buf_shape, self._views = buf, (cap, width), {}
+            self._buf = buf
             self._clean_rows, self._dirty = 0, []
         stale = self._dirty
         if stale is None:  # the last build did not finish: nothing it used is known
@@ -275,10 +272,7 @@ class TreeMaskBuilder:
             self._clean_rows = rows
             self.reset_rows += rows - clean
         self._dirty = None
-        view = self._views.get(rows)
-        if view is None:  # one view per batch size of this buffer (a torch call less per build)
-            view = self._views[rows] = buf[:rows]
-        return view, stale
+        return buf[:rows], stale
 
     def _settle(self, stale: List[int], written: List[int]) -> None:
         """End of a build on the own buffer: reset the stale rows this build did not overwrite, remember the ones it
@@ -371,7 +365,7 @@ class TreeMaskBuilder:
         # The native walk (core/native.py): the lockstep walk in one C++ call, for a batch of plain xgrammar matchers
         # on a host mask, without forced-draft recording and on the real clock (an injected clock is Python's).
         if (self.native is not None and native and self.strategy == "lockstep" and forced is None
-                and self.clock is time.perf_counter and (plan.own_buffer or plan.mask.device.type == "cpu")):
+                and self.clock is time.perf_counter and plan.mask.device.type == "cpu"):
             plan.handles = self.native.handles(matchers)
         if plan.handles is None or self.native is None:
             if feeds is not None:

@@ -459,13 +459,10 @@ class GrammarStep:
             plan = job.ledger_plan
             assert plan is not None
             host = tree.host
-            shape = host[0].shape
-            bs, n = shape[0], shape[-1]
+            bs, n = host[0].shape[0], host[0].shape[-1]
             job.tree_nodes = n
-            # The tree copy's host buffers as [bs, n] (valid now, filled once the copy is done: the grammar thread
-            # waits); the copier hands the draft shaped like next_token, so a 2-D tree needs no view.
-            job.tree_views = host if len(shape) == 2 else (host[0].reshape(bs, n), host[1].reshape(bs, n),
-                                                           host[2].reshape(bs, n))
+            # Views of the tree copy's host buffers: valid now, filled once the copy is done (the grammar thread waits)
+            job.tree_views = (host[0].reshape(bs, n), host[1].reshape(bs, n), host[2].reshape(bs, n))
             job.build = builder.prepare(requests, n, vocab_size, allow_timeout=job.allow_timeout, feeds=plan)
             if job.build.handles is not None:
                 call = builder.native_call(job.build, *job.tree_views)
@@ -497,15 +494,12 @@ class GrammarStep:
         if job.forced and self.forced is not None:
             self.forced.upload(device)
         if result.bitmask is not None:
-            if device is None or getattr(device, "type", device) == "cpu":
-                device_mask = result.bitmask  # sampling reads the host buffer itself: nothing to upload
-            else:
-                device_mask = result.bitmask.to(device, non_blocking=True)
-                if device_mask.device.type != "cpu":
-                    import torch
+            device_mask = result.bitmask.to(device, non_blocking=True)
+            if device_mask.device.type != "cpu":
+                import torch
 
-                    self._upload_event = torch.get_device_module(device_mask.device).Event()
-                    self._upload_event.record()
+                self._upload_event = torch.get_device_module(device_mask.device).Event()
+                self._upload_event.record()
         n = job.tree_nodes
         unmasked = result.timed_out + [i for i, _ in result.failed]
         if unmasked and draft_device is not None:
