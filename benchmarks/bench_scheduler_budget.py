@@ -43,8 +43,8 @@ Run (one engine at a time: the lock keeps other engine runs off the 2 cores; the
 
 ``--breakdown`` also times the plugin's functions on the scheduler thread one by one inside every engine (the dev
 step probe's ``Breakdown``: each function timed whole, per call, by batch size) and adds "Where (b) goes" tables: per
-path, at the largest batch size, every function's calls per grammar step and median ms per call. Its wrappers cost a
-few microseconds per call, so use a separate run for the criterion.
+path, at the largest batch size, every function's calls per grammar step, median and mean ms per call, and ms per step
+(calls x mean). Its wrappers cost a few microseconds per call, so use a separate run for the criterion.
 
 Writes ``benchmarks/results/scheduler_budget_<sglang>.{json,md}``. Medians over the full-batch steps of all rounds.
 CPU figures: what the scheduler thread does on this machine, not a GPU's step time (``benchmarks/step_model.py``
@@ -216,15 +216,13 @@ def markdown(result: Dict[str, Any]) -> str:
 
 def breakdowns(runs: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, List[float]]]]:
     """``--breakdown``: per ``spec/path``, the step probe's ``breakdown_summary`` over all its engines' records (per
-    batch size, per function: calls per loop iteration, median ms per call)."""
+    batch size, per function: calls per grammar step, median and mean ms per call)."""
     from sglang_eo_dev.cpu_runtime.step_times import breakdown_summary
 
-    out: Dict[str, Dict[str, Dict[str, List[float]]]] = {}
-    for key in dict.fromkeys(f"{r['spec']}/{r['path']}" for r in runs):
-        records = [rec for r in runs if f"{r['spec']}/{r['path']}" == key for rec in r.get("breakdown") or []]
-        if records:
-            out[key] = breakdown_summary(records)
-    return out
+    records: Dict[str, List[Dict[str, Any]]] = {}
+    for r in runs:
+        records.setdefault(f"{r['spec']}/{r['path']}", []).extend(r.get("breakdown") or [])
+    return {key: breakdown_summary(recs) for key, recs in records.items() if recs}
 
 
 def breakdown_markdown(summary: Optional[Dict[str, Dict[str, Dict[str, List[float]]]]]) -> List[str]:
@@ -303,9 +301,8 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
                     outs = engine.generate(prompt=_prompts(bs, rnd), sampling_params=_params(kind, args.max_new_tokens))
                     after = read_step_times(step_file)
                     cell[kind] += after["steps"][n0:]
-                    if kind == "json":  # --breakdown: the measured json rounds only (no warm-up, no first builds)
-                        breakdown += after["breakdown"][k0:]
                     if kind == "json":
+                        breakdown += after["breakdown"][k0:]  # --breakdown: measured json rounds only, no warm-up
                         d = delta(read_stats(plugin_file), p0, PLUGIN_KEYS)
                         p_tot = {k: p_tot.get(k, 0.0) + d[k] for k in PLUGIN_KEYS}
                         cell["outputs"] += [o["output_ids"] for o in outs]

@@ -364,8 +364,9 @@ def test_the_op_timer_runs_on_a_cpu_engine_only(tmp_path, monkeypatch):
 
 def test_breakdown_times_each_call_whole_on_its_own_thread_under_the_launched_batch_size():
     """Each wrapped function's call is timed whole (a caller includes its callees), filed under the batch size set at
-    the last launch; another thread's calls are not recorded; a flush hands over what was recorded since the last one
-    (None when nothing was); the summary is calls per loop iteration and the median ms per call, by batch size."""
+    the last launch (install flushes before it sets the next one); another thread's calls are not recorded; a flush
+    hands over what was recorded since the last one (None when nothing was); the summary is calls per grammar step and
+    the median and mean ms per call, by batch size."""
     import threading
 
     clock = FakeClock()
@@ -386,8 +387,8 @@ def test_breakdown_times_each_call_whole_on_its_own_thread_under_the_launched_ba
     assert bd.flush() is None
     bd.bs = 8
     assert outer(2) == 2
-    bd.bs = 64  # a launch after the calls: they stay filed under the size they ran at
-    first = bd.flush()
+    first = bd.flush()  # the next launch: flushed first, filed under the size the calls ran at
+    bd.bs = 64
     assert first == {"bs": 8, "calls": {"inner": [pytest.approx(0.001)] * 2, "outer": [pytest.approx(0.004)]}}
     assert bd.flush() is None
     worker = threading.Thread(target=outer, args=(3,))

@@ -61,8 +61,8 @@ scheduler-thread time goes. :class:`Breakdown` wraps the plugin's functions of `
 ``_BREAKDOWN_0_5_23`` (the core's ``GrammarStep`` / ledger plan / mask builder steps, the band's entry points and the
 integration helpers they call) and times every call whole on the scheduler thread; each ``run_batch`` writes the
 previous loop iteration's calls as one ``{"breakdown": {"bs": ..., "calls": {name: [s, ...]}}}`` line, and
-:func:`breakdown_summary` turns them into calls per grammar step and median ms per call. The wrappers cost every call
-a few microseconds: not for a run whose timings are the result.
+:func:`breakdown_summary` turns them into calls per grammar step and median and mean ms per call. The wrappers cost
+every call a few microseconds: not for a run whose timings are the result.
 """
 
 from __future__ import annotations
@@ -150,9 +150,10 @@ class GrammarTimer:
 
 class Breakdown:
     """Inclusive wall time of every call of some functions on one thread (the scheduler's: the one that creates it),
-    filed under the batch size of the last launched batch (``bs``, set by the caller at each launch). :meth:`flush`
-    hands over what was recorded since the last flush: ``{"bs": bs, "calls": {name: [seconds, ...]}}`` (None when
-    nothing was), one flush per scheduler loop iteration. Nested functions are each timed whole (a caller's time
+    filed under the batch size of the last launched batch. :meth:`flush` hands over what was recorded since the last
+    flush: ``{"bs": bs, "calls": {name: [seconds, ...]}}`` (None when nothing was), one flush per scheduler loop
+    iteration. Call order at each launch: :meth:`flush`, then set ``bs`` to the launched batch's size, so a flush is
+    filed under the size its calls ran at. Nested functions are each timed whole (a caller's time
     includes its callees'). A wrapped call costs a few microseconds more: a run with a breakdown is not a timing
     run."""
 
@@ -162,7 +163,6 @@ class Breakdown:
         self._marker = marker
         self.bs = 0
         self._calls: dict[str, list[float]] = {}
-        self._bs_of_calls = 0
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` timed under its qualified name, without an enclosing function's (on the owner thread only)."""
@@ -176,8 +176,6 @@ class Breakdown:
             try:
                 return fn(*args, **kwargs)
             finally:
-                if not self._calls:
-                    self._bs_of_calls = self.bs
                 self._calls.setdefault(name, []).append(clock() - t)
 
         setattr(timed, self._marker, True)
@@ -186,7 +184,7 @@ class Breakdown:
     def flush(self) -> Optional[dict[str, Any]]:
         if not self._calls:
             return None
-        out = {"bs": self._bs_of_calls, "calls": self._calls}
+        out = {"bs": self.bs, "calls": self._calls}
         self._calls = {}
         return out
 
