@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -101,6 +101,17 @@ def use_allocator(name: str, path: str = JEMALLOC) -> None:
                          "--allocator system")
     os.environ["LD_PRELOAD"] = path
     os.environ["MALLOC_CONF"] = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def path_switches(path: str, before_forced: Optional[str] = None) -> Tuple[Optional[bool], Optional[bool]]:
+    """The product plugin's switches for an engine of ``path``: ``(forced_drafts, grammar_thread)``, None leaving a
+    switch unset (the plugin's default). They go through ``EngineConfig``: the CPU runtime sets what is not None for the
+    scheduler and clears the rest, so ``before`` runs with the revision's own defaults -- the grammar thread included
+    (a revision whose default is the thread must not be measured inline) -- unless ``before_forced`` (``--before-forced``
+    on / off) sets its forced drafts."""
+    if path == "before":
+        return {"on": True, "off": False}.get(before_forced or ""), None
+    return {"thread-noforced": False, "inline-forced": True}.get(path), path.startswith("thread")
 
 
 def cell_summary(steps: Sequence[Sequence[float]], bs: int) -> Dict[str, Any]:
@@ -271,12 +282,7 @@ def one_engine(spec: str, path: str, rep: int, args: argparse.Namespace, tmp: st
     plugin_file = os.path.join(tmp, f"plugin-{tag}.json")
     os.environ[STEP_TIMES_ENV] = step_file
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = plugin_file
-    threaded = path.startswith("thread")
-    forced = {"thread-noforced": False, "inline-forced": True}.get(path)
-    if path == "before":  # the revision's default unless --before-forced says otherwise
-        forced = {"on": True, "off": False}.get(args.before_forced or "")
-    # the switches go through EngineConfig: the CPU runtime sets them for the scheduler and clears what it does not set
-    # (``before``: unset, the revision's own defaults)
+    forced, threaded = path_switches(path, args.before_forced)
     stock = path == "stock"
     cfg = EngineConfig(pair="random", spec=spec, overlap=True, product_plugin=not stock, vocab_size=VOCAB,
                        forced_drafts=forced, grammar_thread=threaded,

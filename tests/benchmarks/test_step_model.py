@@ -227,3 +227,16 @@ def test_breakdown_tables_merge_a_paths_engines_at_its_largest_batch(sb):
         "`LedgerPlan.fill` | 1.50 | 0.300 | 0.300 | 0.450")
     assert "hand_over_verify" not in got["topk1/thread"]["64"]
     assert sb.breakdown_markdown(None) == [] and sb.breakdown_markdown({}) == []
+
+
+def test_each_path_sets_the_switches_it_names_and_before_keeps_its_revisions_defaults(sb):
+    """``before`` leaves the grammar-thread switch unset (a revision whose default is the thread was measured inline
+    when the switch was set off for it), and its forced drafts too unless ``--before-forced`` says; the other paths set
+    the thread switch they are named for."""
+    assert sb.path_switches("before") == (None, None)
+    assert sb.path_switches("before", "on") == (True, None)
+    assert sb.path_switches("before", "off") == (False, None)
+    assert sb.path_switches("thread") == (None, True)
+    assert sb.path_switches("thread-noforced") == (False, True)
+    assert sb.path_switches("inline") == (None, False)
+    assert sb.path_switches("inline-forced") == (True, False)
