@@ -48,8 +48,8 @@ be in flight (the native call reads their tokens).
 from __future__ import annotations
 
 import functools
-from typing import (Any, Callable, Collection, Dict, Hashable, Iterable, List, NamedTuple, Optional, Protocol, Sequence,
-                    Tuple, Union)
+from typing import (Any, Callable, Collection, Dict, Hashable, Iterable, List, Mapping, NamedTuple, Optional, Protocol,
+                    Sequence, Tuple, Union)
 
 from sglang_eagle_overlap.core.native import (FEED_ERROR, FED, REJECTED, TERMINATED, TERMINATED_BEFORE,
                                               NativeGrammar)
@@ -263,7 +263,7 @@ class ResultRuns:
 def _on_host(t: Any) -> bool:
     """A tensor in host memory (anything without a device counts as one: lists, numpy)."""
     device = getattr(t, "device", None)
-    return device is None or getattr(device, "type", "cpu") == "cpu"
+    return device is None or device.type == "cpu"
 
 
 # A run queued by row (LedgerPlan.add_rows): (key, grammar, start, matcher or None, row of the result).
@@ -353,7 +353,10 @@ class LedgerPlan:
                     out.append(_PENDING)
                     continue
             self._add(key, grammar, start, result.run(row), matcher, on_feed)
-            if not self._batch:  # a flush inside _add emptied the queue: the result gets a new index when queued
+            if self._batch is not batch:
+                # _add fed the waiting runs first (a second run of a queued request): ``fill`` started new lists, so
+                # the rows after this one queue into those, and the result gets a new index when next queued
+                batch, batched, handles, packed = self._batch, self._batched, self._handles, self._packed
                 k = None
         return range(first, len(out))
 
@@ -413,10 +416,10 @@ class LedgerPlan:
         stride)``). ``live``: the ledger's own last run left that matcher not terminated ("Native feed")."""
         return self._handles, self._packed, [(r.ids, r.lens, r.stride) for r in self._results]
 
-    def fill(self, feeds: Sequence[int], errors: Optional[Dict[int, str]] = None) -> None:
+    def fill(self, feeds: Sequence[int], errors: Mapping[Tuple[str, int], str]) -> None:
         """Record the waiting runs' outcomes: ``feeds[2 i]``, ``feeds[2 i + 1]`` are the retained tokens and the state
-        of the i-th run of :meth:`pending` (``core/native.py``'s states; ``errors[i]``: the message of a run whose
-        matcher raised)."""
+        of the i-th run of :meth:`pending` (``core/native.py``'s states), ``errors`` the native call's messages
+        (``StepResult.errors``: ``errors[("f", i)]`` for a run whose matcher raised)."""
         batch = self._batch
         self._batch, self._batched, self._handles, self._packed = [], set(), [], []
         self._results, self._result_at = [], {}
@@ -433,7 +436,7 @@ class LedgerPlan:
             if state == FED and kept == len(toks):  # the common case (issue 17: the largest per-request loop)
                 outcome = _outcome((start, toks, toks, False, None))
             else:
-                outcome = native_outcome(start, toks, kept, state, None if errors is None else errors.get(f))
+                outcome = native_outcome(start, toks, kept, state, errors.get(("f", f)))
             if on_feed is not None:
                 on_feed(grammar, outcome)
             out[slot] = record(entry, start, outcome)
@@ -449,15 +452,15 @@ class LedgerPlan:
             result.wait()
         handles, packed, results = self.pending()
         res = native.step_batch(handles, packed, results, (), (), None, None, None, None, 0, None)
-        self.fill(res.feeds, {i: e for (kind, i), e in res.errors.items() if kind == "f"})
+        self.fill(res.feeds, res.errors)
 
 
 def native_outcome(start: int, toks: Tuple[int, ...], kept: int, state: int,
                    message: Optional[str] = None) -> AdvanceOutcome:
     """The outcome of one run the native module fed (``core/native.py``: ``(retained, state)``, and the message of a
     run whose matcher raised), as :func:`_feed_matcher` reports it for the same matcher calls."""
-    if state == FED:
-        return AdvanceOutcome(start, toks, toks if kept == len(toks) else toks[:kept], False, None)
+    if state == FED:  # the whole run (``LedgerPlan.fill`` answers this case itself)
+        return AdvanceOutcome(start, toks, toks[:kept], False, None)
     if state == TERMINATED:
         return AdvanceOutcome(start, toks, toks[:kept], True, None)
     if state == TERMINATED_BEFORE:

@@ -407,10 +407,14 @@ class TreeMaskBuilder:
 
     def native_result(self, plan: BuildPlan, raw: Any, cpu_s: float) -> StepResult:
         """The result of ``plan``'s native call (``raw``, which cost its thread ``cpu_s`` of CPU time), read on the
-        thread that prepared ``plan``; updates the builder's counters."""
+        thread that prepared ``plan``: its feeds are recorded in the ledger plan here, at once -- the call fed those
+        matchers, so whatever fails after this (:meth:`finish`, the caller's upload) must find the runs recorded and
+        never feed them again. Updates the builder's counters."""
         nat = self.native
         assert nat is not None
         res = nat.step_result(raw, len(plan.feed_input[0]) if plan.feed_input is not None else 0, len(plan.native))
+        if plan.feeds is not None and plan.feed_input is not None:
+            plan.feeds.fill(res.feeds, res.errors)
         self.native_cpu_s += cpu_s  # tvm-ffi releases the GIL for the whole call
         self.native_walks += 1
         if res.total:
@@ -432,10 +436,10 @@ class TreeMaskBuilder:
 
     def finish(self, plan: BuildPlan, res: Optional[StepResult], retrieve_next_token: torch.Tensor,
                retrieve_next_sibling: torch.Tensor, draft_tokens: torch.Tensor) -> TreeMask:
-        """Last part, on the thread that prepared ``plan``: record the native call's feeds in the ledger plan, walk in
-        Python what it did not (host grammars, requests whose walk raised; everything without the native walk),
-        report failures and time-limit hits, and remember the rows written for the next build's sparse reset.
-        ``res`` is :meth:`walk_native`'s result, or None when it did not run."""
+        """Last part, on the thread that prepared ``plan`` (the native call's feeds are recorded already, by
+        :meth:`native_result`): walk in Python what it did not (host grammars, requests whose walk raised; everything
+        without the native walk), report failures and time-limit hits, and remember the rows written for the next
+        build's sparse reset. ``res`` is :meth:`walk_native`'s result, or None when it did not run."""
         requests, n, vocab_size = plan.requests, plan.n, plan.vocab_size
         mask = plan.mask
         if mask is None:
@@ -453,8 +457,6 @@ class TreeMaskBuilder:
         # allocation on a GPU host --, the fill thread pool) must never make a request drop its drafts.
         deadline = None if limit is None else clock() + limit
         if res is not None:
-            if plan.feeds is not None and plan.feed_input is not None:
-                plan.feeds.fill(res.feeds, {i: e for (kind, i), e in res.errors.items() if kind == "f"})
             result.valid_nodes += res.total
             self.reset_rows += res.reset
             written.extend(res.written)

@@ -1,0 +1,243 @@
+"""``LedgerPlan``'s less travelled paths against what they promise (issue 17; written for the survivors of a mutation
+run over ``core/ledger.py``, ``tests/core/MUTANTS.md``): a matcher that raises inside the native feed, two runs of one
+request in one ``add_rows`` call, rows fed in Python next to queued ones, slots and sources over several calls, the
+host-copy event, and the pure mapping from the native call's states to outcomes."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, List
+
+import pytest
+import torch
+import xgrammar as xgr
+
+from sglang_eagle_overlap.core import AcceptLedger
+from sglang_eagle_overlap.core.ledger import AdvanceOutcome, LedgerGapError, ResultRuns, native_outcome
+from sglang_eagle_overlap.core.native import (FED, FEED_ERROR, NOT_FED, REJECTED, TERMINATED, TERMINATED_BEFORE)
+from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.native import native
+
+VOCAB = 32000
+
+
+def _doc(seed: int) -> List[int]:
+    return list(G.doc_tokens("regex", random.Random(seed), VOCAB))
+
+
+def _result(runs: List[List[int]], stride: int = 6, ready: Any = None) -> ResultRuns:
+    ids = torch.zeros(len(runs) * stride, dtype=torch.int64)
+    lens = torch.zeros(len(runs), dtype=torch.int32)
+    for r, run in enumerate(runs):
+        ids[r * stride : r * stride + len(run)] = torch.tensor(run)
+        lens[r] = len(run)
+    return ResultRuns(ids, lens, stride, ready)
+
+
+class _BadHandles:
+    """The native module, except that the matchers in ``bad`` hand it a handle of another xgrammar type (a compiled
+    grammar): C++ fails to call ``accept_token`` on it, as a matcher that raises inside the call."""
+
+    def __init__(self, bad: List[Any]) -> None:
+        self._nat = native()
+        self._bad = bad
+        self._wrong = G.compiled("regex", VOCAB)._handle
+        self.matcher_type = self._nat.matcher_type
+
+    def handle(self, matcher: Any) -> Any:
+        return self._wrong if any(matcher is b for b in self._bad) else self._nat.handle(matcher)
+
+    def step_batch(self, *args: Any) -> Any:
+        return self._nat.step_batch(*args)
+
+
+def test_a_matcher_that_raises_in_the_native_feed_gets_its_message_and_a_later_run_of_it_is_not_fed():
+    """FEED_ERROR: the run keeps the tokens consumed before the raise (none here), is neither terminated nor silent,
+    and its message names the token, the output position and the native error; a run of the same (raising) matcher
+    later in the same call (NOT_FED) is reported as never fed; the other requests are fed as without them, and
+    ``on_feed`` sees every outcome."""
+    doc = _doc(1)
+    bad = G.matcher("regex", VOCAB)
+    good = G.matcher("regex", VOCAB)
+    led = AcceptLedger(native=_BadHandles([bad]))  # type: ignore[arg-type]
+    seen: List[AdvanceOutcome] = []
+    out = led.advance_many([("a", object(), 3, doc[3:5], bad), ("g", object(), 0, doc[:2], good),
+                            ("b", object(), 7, doc[7:8], bad)], lambda g, o: seen.append(o))
+    a, g, b = out
+    assert isinstance(a, AdvanceOutcome) and isinstance(b, AdvanceOutcome)
+    assert (a.start, a.tokens, a.retained, a.terminated) == (3, tuple(doc[3:5]), (), False)
+    assert a.error is not None and a.error.startswith(f"grammar raised at token {doc[3]} at output position 3: ")
+    assert "Mismatched type" in a.error and "CompiledGrammar" in a.error  # the native call's own message
+    assert (b.start, b.tokens, b.retained, b.terminated) == (7, (doc[7],), (), False)
+    assert b.error == "not fed: an earlier run of the same matcher raised"
+    assert g == AdvanceOutcome(0, tuple(doc[:2]), tuple(doc[:2]), False, None)
+    assert seen == [a, g, b] and led.consumed("a") == 3 and led.consumed("b") == 7 and led.consumed("g") == 2
+
+
+@pytest.mark.parametrize("state, kept, want", [
+    (FED, 3, ((5, 6, 7), False, None)),
+    (TERMINATED, 2, ((5, 6), True, None)),
+    (TERMINATED_BEFORE, 0, ((), True, None)),
+    (REJECTED, 1, ((5,), False, "grammar rejected token 6 at output position 11")),
+    (FEED_ERROR, 2, ((5, 6), False, "grammar raised at token 7 at output position 12: boom")),
+    (NOT_FED, 0, ((), False, "not fed: an earlier run of the same matcher raised")),
+])
+def test_each_native_state_maps_to_the_outcome_of_the_python_feed(state, kept, want):
+    """``native_outcome`` of the run (5, 6, 7) at output position 10: retained prefix, termination and error message
+    per state, as ``_feed_matcher`` words them for the same matcher calls."""
+    got = native_outcome(10, (5, 6, 7), kept, state, "boom")
+    assert got == AdvanceOutcome(10, (5, 6, 7), *want)
+
+
+def test_two_runs_of_one_request_in_one_add_rows_call_are_fed_in_order_and_the_rows_after_them_still_queue():
+    """The second run of a request whose first waits makes the plan feed first (its check needs the first's outcome);
+    the rows after it queue again, reading the same result under its new index. Same outcomes, matcher states and
+    counters as ``advance_many`` in Python."""
+    docs = [_doc(s) for s in (2, 3, 4)]
+    runs = [docs[0][:2], docs[0][2:4], docs[1][:3], docs[2][:1]]
+    keys, starts = ["x", "x", "y", "z"], [0, 2, 0, 0]
+    m_py = {k: G.matcher("regex", VOCAB) for k in "xyz"}
+    m_cx = {k: G.matcher("regex", VOCAB) for k in "xyz"}
+    grammars = {k: object() for k in "xyz"}
+    want = AcceptLedger().advance_many([(k, grammars[k], s, r, m_py[k]) for k, s, r in zip(keys, starts, runs)])
+    led = AcceptLedger(native=native())
+    plan = led.plan()
+    result = _result(runs)
+    plan.add_rows([(k, grammars[k], s, m_cx[k], row) for row, (k, s) in enumerate(zip(keys, starts))], result)
+    # x's first run was fed when its second came; the second (tokens packed), y and z wait
+    assert len(plan) == 3 and plan.sources() == [result]
+    plan.feed()
+    assert plan.out == want and [len(o.retained) for o in plan.out] == [2, 2, 3, 1]
+    for k in "xyz":
+        assert torch.equal(G.next_token_bitmask(m_cx[k], VOCAB), G.next_token_bitmask(m_py[k], VOCAB))
+    assert led.tokens_fed == 8
+
+
+def test_a_request_in_two_results_of_one_plan_leaves_the_rows_after_it_queued_and_fed():
+    """0.5.16's barrier with two queued results that both hold a request (one ``add_rows`` per result): the second
+    result's run of it makes the plan feed the first's, and every row after it in that call is still queued and fed
+    -- none is left with its placeholder, every matcher is where the Python feed puts it."""
+    docs = [_doc(s) for s in (13, 14, 15)]
+    m_py = {k: G.matcher("regex", VOCAB) for k in "xyz"}
+    m_cx = {k: G.matcher("regex", VOCAB) for k in "xyz"}
+    grammars = {k: object() for k in "xyz"}
+    first = [("x", 0, docs[0][:2]), ("y", 0, docs[1][:1])]
+    second = [("x", 2, docs[0][2:3]), ("z", 0, docs[2][:2]), ("y", 1, docs[1][1:3])]
+    want = AcceptLedger().advance_many([(k, grammars[k], s, r, m_py[k]) for k, s, r in first + second])
+    plan = AcceptLedger(native=native()).plan()
+    slots = [plan.add_rows([(k, grammars[k], s, m_cx[k], row) for row, (k, s, _) in enumerate(part)],
+                           _result([r for _, _, r in part])) for part in (first, second)]
+    assert slots == [range(0, 2), range(2, 5)]
+    plan.feed()
+    assert plan.out == want and all(o.error is None for o in plan.out)
+    for k in "xyz":
+        assert torch.equal(G.next_token_bitmask(m_cx[k], VOCAB), G.next_token_bitmask(m_py[k], VOCAB))
+
+
+class _Counting(xgr.GrammarMatcher):
+    """A matcher subclass: fed in Python (native calls would bypass an override)."""
+
+
+def test_rows_fed_in_python_report_through_on_feed_and_slots_and_sources_span_several_calls():
+    """In one plan: a result on the host (fresh runs queue), then a result whose tensors are not host tensors and a
+    row whose matcher is a subclass (both fed at once, in Python). ``on_feed`` gets every fresh run with its own
+    grammar, each call's slots follow the previous call's, and ``sources`` lists a result once however many rows
+    read it."""
+    docs = [_doc(s) for s in (5, 6, 7, 8)]
+    grammars = [object() for _ in docs]
+    plain = [G.matcher("regex", VOCAB) for _ in range(3)]
+    sub = G.matcher("regex", VOCAB, cls=_Counting)
+    led = AcceptLedger(native=native())
+    plan = led.plan()
+    seen: List[Any] = []
+    on_feed = lambda g, o: seen.append((g, o))  # noqa: E731
+    host = _result([docs[0][:2], docs[1][:1], docs[3][:3]])
+    first = plan.add_rows([("a", grammars[0], 0, plain[0], 0), ("b", grammars[1], 0, plain[1], 1),
+                           ("d", grammars[3], 0, sub, 2)], host, on_feed)
+    assert first == range(0, 3) and len(plan) == 2 and plan.sources() == [host]
+    assert [g for g, _ in seen] == [grammars[3]] and seen[0][1].retained == tuple(docs[3][:3])
+
+    class _Device:
+        def __init__(self, values: List[int]) -> None:
+            self.values, self.device = values, torch.device("meta")
+
+        def tolist(self) -> List[int]:
+            return list(self.values)
+
+    off_host = ResultRuns(_Device(docs[2][:2] + [0] * 4), _Device([2]), 6)
+    assert not off_host.on_host
+    second = plan.add_rows([("c", grammars[2], 0, plain[2], 0)], off_host, on_feed)
+    assert second == range(3, 4) and plan.sources() == [host]
+    assert [g for g, _ in seen] == [grammars[3]]  # c waits too: its tokens were read at once and packed
+    plan.feed()
+    assert sorted((grammars.index(g), o.retained) for g, o in seen) == [
+        (0, tuple(docs[0][:2])), (1, tuple(docs[1][:1])), (2, tuple(docs[2][:2])), (3, tuple(docs[3][:3]))]
+
+
+def test_a_result_read_by_two_calls_is_a_source_once():
+    """Two ``add_rows`` calls of one plan on the same result (rows of different requests): the native call gets the
+    result once, and both calls' runs are fed from it."""
+    docs = [_doc(s) for s in (16, 17)]
+    result = _result([docs[0][:2], docs[1][:3]])
+    plan = AcceptLedger(native=native()).plan()
+    plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], result)
+    plan.add_rows([("b", object(), 0, G.matcher("regex", VOCAB), 1)], result)
+    assert plan.sources() == [result] and len(plan.pending()[2]) == 1
+    plan.feed()
+    assert [o.retained for o in plan.out] == [tuple(docs[0][:2]), tuple(docs[1][:3])]
+
+
+def test_rows_of_a_plan_without_the_native_module_are_fed_at_once_with_their_grammar_reported():
+    docs = [_doc(s) for s in (9, 10)]
+    grammars = [object(), object()]
+    led = AcceptLedger()
+    plan = led.plan()
+    seen: List[Any] = []
+    slots = plan.add_rows([("a", grammars[0], 0, G.matcher("regex", VOCAB), 0),
+                           ("b", grammars[1], 0, G.matcher("regex", VOCAB), 1)],
+                          _result([docs[0][:2], docs[1][:3]]), lambda g, o: seen.append((g, o.retained)))
+    assert slots == range(0, 2) and len(plan) == 0
+    assert seen == [(grammars[0], tuple(docs[0][:2])), (grammars[1], tuple(docs[1][:3]))]
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def synchronize(self) -> None:
+        self.waits += 1
+
+
+def test_the_host_copy_is_waited_for_before_tokens_are_read_in_python_or_by_the_native_feed():
+    doc = _doc(11)
+    ev = _Event()
+    res = _result([doc[:2]], ready=ev)
+    assert ev.waits == 0 and res.run(0) == tuple(doc[:2]) and ev.waits == 1
+    assert res.run(0) == tuple(doc[:2]) and ev.waits == 1  # read once
+    ev2 = _Event()
+    plan = AcceptLedger(native=native()).plan()
+    plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], _result([doc[:2]], ready=ev2))
+    assert ev2.waits == 0 and len(plan) == 1  # queued without reading its tokens
+    plan.feed()
+    assert ev2.waits >= 1 and plan.out[0].retained == tuple(doc[:2])
+
+
+def test_which_results_the_native_call_may_read():
+    """Host tensors (or anything without a device) only: ids and lengths both."""
+    host, meta = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64, device="meta")
+    assert ResultRuns(host, host[:2], 2).on_host and ResultRuns([1, 2], None, 1).on_host
+    assert not ResultRuns(host, meta[:2], 2).on_host
+    assert not ResultRuns(meta, host[:2], 2).on_host and not ResultRuns(meta, None, 1).on_host
+
+
+def test_fill_refuses_outcomes_that_do_not_match_the_waiting_runs_and_a_gap_names_its_request():
+    doc = _doc(12)
+    led = AcceptLedger(native=native())
+    plan = led.plan()
+    plan.add([("a", object(), 0, doc[:2], G.matcher("regex", VOCAB)), ("b", object(), 0, doc[:1],
+                                                                       G.matcher("regex", VOCAB))])
+    with pytest.raises(ValueError, match=r"^1 feed outcomes for 2 waiting runs$"):
+        plan.fill([2, FED], {})
+    g, m = object(), G.matcher("regex", VOCAB)
+    gap = led.advance_many([("r9", g, 0, doc[:1], m), ("r9", g, 4, doc[4:5], m)])[1]
+    assert isinstance(gap, LedgerGapError) and "'r9'" in str(gap)

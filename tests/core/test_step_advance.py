@@ -1,0 +1,176 @@
+"""``GrammarStep``'s exactly-once advance as the bands call it (issue 17; written for the survivors of a mutation run
+over ``core/step.py``, ``tests/core/MUTANTS.md``): ``advance_later`` outside a build (fed at once) and inside a
+build's barrier (queued, fed by the build, a conflicting run re-anchored there), ``replay_kept`` (0.5.16's
+post-processing), ``advance``'s ``on_feed``, and the warning of an abandoned step that failed."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, List
+
+import pytest
+import torch
+
+from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest
+from sglang_eagle_overlap.core.ledger import ResultRuns
+from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.native import native
+
+VOCAB = 512
+N = 4
+
+
+def _step(thread: bool = True) -> GrammarStep:
+    return GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=thread, native=native)
+
+
+def _docs(k: int, seed: int = 0) -> List[List[int]]:
+    rng = random.Random(seed)
+    return [list(G.doc_tokens("nested", rng, VOCAB)) for _ in range(k)]
+
+
+def _result(runs: List[List[int]]) -> ResultRuns:
+    ids = torch.zeros(len(runs) * N, dtype=torch.int64)
+    for r, run in enumerate(runs):
+        ids[r * N : r * N + len(run)] = torch.tensor(run)
+    return ResultRuns(ids, torch.tensor([len(r) for r in runs], dtype=torch.int32), N)
+
+
+def _tree(bs: int):
+    """A chain tree per request (root -> 1 -> 2 -> 3) of token 0: only the build's mechanics matter here."""
+    nxt = torch.tensor([[1, 2, 3, -1]] * bs, dtype=torch.int64)
+    sib = torch.full((bs, N), -1, dtype=torch.int64)
+    return nxt, sib, torch.zeros(bs, N, dtype=torch.int64)
+
+
+def test_advance_later_outside_a_build_feeds_at_once_reports_and_counts_replays_when_asked():
+    docs = _docs(3)
+    runs = [d[:2] for d in docs]
+    grammars = [object() for _ in docs]
+    ms = [G.matcher("nested", VOCAB) for _ in docs]
+    twins = [G.matcher("nested", VOCAB) for _ in docs]
+    want = AcceptLedger().advance_many([(f"r{i}", grammars[i], 0, runs[i], twins[i]) for i in range(3)])
+    step = _step()
+    try:
+        told: List[Any] = []
+        seen: List[Any] = []
+        rows = [(f"r{i}", grammars[i], 0, ms[i], i) for i in range(3)]
+        step.advance_later(rows, _result(runs), told.append, lambda g, o: seen.append((g, o)))
+        assert told == [want] and seen == list(zip(grammars, want))
+        step.advance_later(rows[:2], _result(runs[:2]), told.append)  # asked again: replays, not counted
+        assert told[1] == want[:2] and step.stats.counters["replays"] == 0 and step.ledger.tokens_fed == 6
+        step.advance_later(rows[:2], _result(runs[:2]), told.append, count_replays=True)
+        assert told[2] == want[:2] and step.stats.counters["replays"] == 2
+    finally:
+        step.close()
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["grammar-thread", "inline"])
+def test_a_conflicting_run_in_a_barrier_is_re_anchored_fed_from_its_start_and_reported(threaded, caplog):
+    """The host rolled a request back and commits other tokens at a position the ledger fed already: inside a
+    build's barrier the run is re-anchored (counted, logged) and fed from that position into the matcher it names,
+    with ``on_feed`` told the request's own grammar; the other rows are fed as usual; the caller gets every outcome
+    when the build is joined, and a replay in the same call is counted when asked."""
+    docs = _docs(3, seed=1)
+    g = [object() for _ in docs]
+    old = [G.matcher("nested", VOCAB) for _ in docs]
+    step = _step(threaded)
+    try:
+        step.advance_many([(f"r{i}", g[i], 0, docs[i][:1], old[i]) for i in range(3)])
+        # r0: the host rolled it back to 0 and commits 2 other tokens there (a fresh matcher stands for the rollback);
+        # r1: the same run again (a replay); r2: its next run
+        fresh = G.matcher("nested", VOCAB)
+        other = docs[0][:2] if docs[0][:2] != docs[0][:1] else docs[0][:3]
+        runs = [other, docs[1][:1], docs[2][1:3]]
+        rows = [("r0", g[0], 0, fresh, 0), ("r1", g[1], 0, old[1], 1), ("r2", g[2], 1, old[2], 2)]
+        told: List[Any] = []
+        seen: List[Any] = []
+        nxt, sib, tok = _tree(3)
+        reqs = [MaskRequest(matcher=m) for m in (fresh, old[1], old[2])]
+        barrier = lambda: step.advance_later(rows, _result(runs), told.append,  # noqa: E731
+                                             lambda gr, o: seen.append((gr, o)), count_replays=True)
+        with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
+            if threaded:
+                job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=barrier)
+                step.finish_build(job, device="cpu")
+            else:
+                step.build_mask(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, device="cpu", barrier=barrier)
+        assert len(told) == 1
+        o0, o1, o2 = told[0]
+        assert (o0.start, o0.retained, o0.error) == (0, tuple(other), None)
+        assert (o1.start, o1.retained) == (0, tuple(docs[1][:1])) and (o2.start, o2.retained) == (1, tuple(docs[2][1:3]))
+        assert step.ledger.consumed("r0") == len(other) and step.ledger.consumed("r2") == 3
+        assert step.stats.counters["ledger_resets"] == 1 and step.stats.counters["replays"] == 1
+        assert "re-anchoring grammar ledger of request r0 at position 0" in caplog.text
+        assert sorted((g.index(gr), o.start) for gr, o in seen) == [(0, 0), (2, 1)]
+        twin = G.matcher("nested", VOCAB)
+        for t in other:
+            assert twin.accept_token(t)
+        assert torch.equal(G.next_token_bitmask(fresh, VOCAB), G.next_token_bitmask(twin, VOCAB))
+    finally:
+        step.close()
+
+
+def test_replay_kept_answers_only_a_whole_clean_run_asked_with_the_same_tokens():
+    docs = _docs(2, seed=2)
+    m = G.matcher("nested", VOCAB)
+    g = object()
+    step = _step()
+    try:
+        assert step.replay_kept("a", 0, docs[0][:2]) is None  # never fed
+        step.advance("a", g, 0, docs[0][:2], m)
+        assert step.replay_kept("a", 0, docs[0][:2]) == docs[0][:2] and step.stats.counters["replays"] == 1
+        assert step.replay_kept("a", 0, torch.tensor(docs[0][:2])) == docs[0][:2]  # tensor ints compare as ints
+        assert step.replay_kept("a", 0, docs[0][:1]) is None and step.stats.counters["replays"] == 2
+        bad = next(t for t in range(VOCAB) if not G.matcher("nested", VOCAB, docs[0][:3]).accept_token(t))
+        out = step.advance("a", g, 2, [docs[0][2], bad], m)
+        assert out.error is not None and step.replay_kept("a", 2, [docs[0][2], bad]) is None  # cut by a rejection
+        assert step.replay("a", 2, [docs[0][2], bad]) == out and step.stats.counters["replays"] == 3
+    finally:
+        step.close()
+
+
+def test_advance_reports_a_fresh_feed_to_on_feed():
+    doc = _docs(1, seed=3)[0]
+    g = object()
+    seen: List[Any] = []
+    step = _step()
+    try:
+        out = step.advance("a", g, 0, doc[:2], G.matcher("nested", VOCAB), lambda gr, o: seen.append((gr, o)))
+        assert seen == [(g, out)] and out.retained == tuple(doc[:2])
+    finally:
+        step.close()
+
+
+def test_an_abandoned_step_that_fails_is_logged_once_and_its_runs_are_recorded(monkeypatch, caplog):
+    """A verify raised after ``start_build``, and finishing its job fails too: the next use of the step logs the
+    failure once (type and message), the queued runs are recorded exactly once and their caller told, and the step
+    goes on without another warning."""
+    docs = _docs(2, seed=4)
+    g = [object(), object()]
+    ms = [G.matcher("nested", VOCAB) for _ in docs]
+    step = _step(True)
+    told: List[Any] = []
+    try:
+        nxt, sib, tok = _tree(2)
+        reqs = [MaskRequest(matcher=m) for m in ms]
+        rows = [(f"r{i}", g[i], 0, ms[i], i) for i in range(2)]
+        step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
+                         barrier=lambda: step.advance_later(rows, _result([d[:2] for d in docs]), told.append))
+        builder = step.builder
+        real = builder.finish
+
+        def broken(*args: Any, **kw: Any) -> Any:
+            monkeypatch.setattr(builder, "finish", real)
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(builder, "finish", broken)
+        with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
+            assert step.was_advanced("r0", 0)
+            assert step.replay_kept("r1", 0, docs[1][:2]) == docs[1][:2]
+        assert [r.getMessage() for r in caplog.records] == [
+            "sglang-eagle-overlap: an abandoned grammar step failed: RuntimeError: boom"]
+        assert len(told) == 1 and step.ledger.tokens_fed == 4
+    finally:
+        step.close()
