@@ -102,6 +102,7 @@ def test_a_conflicting_run_in_a_barrier_is_re_anchored_fed_from_its_start_and_re
         assert (o1.start, o1.retained) == (0, tuple(docs[1][:1])) and (o2.start, o2.retained) == (1, tuple(docs[2][1:3]))
         assert step.ledger.consumed("r0") == len(other) and step.ledger.consumed("r2") == 3
         assert step.stats.counters["ledger_resets"] == 1 and step.stats.counters["replays"] == 1
+        assert step.stats.counters["thread_steps"] == (1 if threaded else 0)
         assert "re-anchoring grammar ledger of request r0 at position 0" in caplog.text
         assert sorted((g.index(gr), o.start) for gr, o in seen) == [(0, 0), (2, 1)]
         twin = G.matcher("nested", VOCAB)
@@ -127,6 +128,11 @@ def test_replay_kept_answers_only_a_whole_clean_run_asked_with_the_same_tokens()
         out = step.advance("a", g, 2, [docs[0][2], bad], m)
         assert out.error is not None and step.replay_kept("a", 2, [docs[0][2], bad]) is None  # cut by a rejection
         assert step.replay("a", 2, [docs[0][2], bad]) == out and step.stats.counters["replays"] == 3
+        assert step.replay("a", 0, docs[0][:1]) is None and step.replay("zz", 0, [1]) is None
+        doc = docs[1]
+        ended = step.advance("t", object(), 0, doc + [doc[0]], G.matcher("nested", VOCAB))  # past the grammar's end
+        assert ended.terminated and ended.error is None and ended.retained == tuple(doc)
+        assert step.replay_kept("t", 0, doc + [doc[0]]) is None and step.stats.counters["replays"] == 3
     finally:
         step.close()
 
@@ -167,10 +173,34 @@ def test_an_abandoned_step_that_fails_is_logged_once_and_its_runs_are_recorded(m
 
         monkeypatch.setattr(builder, "finish", broken)
         with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
+            assert step.replay_kept("r1", 0, docs[1][:2]) == docs[1][:2]  # settles the open job first
             assert step.was_advanced("r0", 0)
-            assert step.replay_kept("r1", 0, docs[1][:2]) == docs[1][:2]
         assert [r.getMessage() for r in caplog.records] == [
             "sglang-eagle-overlap: an abandoned grammar step failed: RuntimeError: boom"]
         assert len(told) == 1 and step.ledger.tokens_fed == 4
+        # a second abandoned job (it finishes cleanly when settled), settled by ``replay``
+        rows2 = [(f"r{i}", g[i], 2, ms[i], i) for i in range(2)]
+        step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
+                         barrier=lambda: step.advance_later(rows2, _result([d[2:3] for d in docs]), told.append))
+        out = step.replay("r0", 2, docs[0][2:3])
+        assert out is not None and out.retained == tuple(docs[0][2:3]) and len(told) == 2
+        assert step.ledger.tokens_fed == 6 and len(caplog.records) == 1
+    finally:
+        step.close()
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_the_grammar_thread_build_keeps_the_callers_time_limit_choice(allow):
+    """``allow_timeout=False`` (a caller that cannot neutralise drafts) builds without the time limit on the grammar
+    thread's path too."""
+    ms = [G.matcher("nested", VOCAB) for _ in range(2)]
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=0.5, grammar_thread=True, native=native)
+    try:
+        nxt, sib, tok = _tree(2)
+        job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
+                               allow_timeout=allow)
+        assert job.future is not None and job.build is not None
+        assert job.build.limit == (0.5 if allow else None)
+        step.finish_build(job, device="cpu")
     finally:
         step.close()
