@@ -204,3 +204,76 @@ def test_the_grammar_thread_build_keeps_the_callers_time_limit_choice(allow):
         step.finish_build(job, device="cpu")
     finally:
         step.close()
+
+
+@pytest.mark.parametrize("threaded", [True, False], ids=["grammar-thread", "inline"])
+def test_the_mask_is_built_after_the_barriers_runs_are_fed(threaded):
+    """Each request's root row is the mask of its grammar *after* the previous step's run: the barrier's runs are fed
+    before the walk, in the same native call (both paths). Checked against twin matchers, with the stale state
+    (before the run) shown to differ for some request, so that feeding after the walk cannot pass."""
+    rng = random.Random(7)
+    docs = _docs(6, seed=7)
+    cuts = [rng.randrange(1, len(d) - 4) for d in docs]
+    runs = [d[c : c + 2] for d, c in zip(docs, cuts)]
+    ms = [G.matcher("nested", VOCAB, d[:c]) for d, c in zip(docs, cuts)]
+    step = _step(threaded)
+    try:
+        # the module is loaded with the builder, at the first build: loaded here, as in every step after the first
+        # (without it the ledger feeds the barrier's runs in Python at once, before any walk)
+        assert step.builder.native is not None and step.ledger.native is not None
+        nxt, sib, _ = _tree(len(docs))
+        tok = torch.tensor([d[c + 2 : c + 2 + N] + [0] * (N - len(d[c + 2 : c + 2 + N])) for d, c in zip(docs, cuts)],
+                           dtype=torch.int64)
+        rows = [(f"r{i}", object(), c, ms[i], i) for i, c in enumerate(cuts)]
+        reqs = [MaskRequest(matcher=m) for m in ms]
+        barrier = lambda: step.advance_later(rows, _result(runs), lambda o: None)  # noqa: E731
+        if threaded:
+            job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=barrier)
+            mask = step.finish_build(job, device="cpu").device_mask.clone()
+        else:
+            mask = step.build_mask(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, device="cpu",
+                                   barrier=barrier).device_mask.clone()
+        after = [G.next_token_bitmask(G.matcher("nested", VOCAB, d[: c + 2]), VOCAB) for d, c in zip(docs, cuts)]
+        before = [G.next_token_bitmask(G.matcher("nested", VOCAB, d[:c]), VOCAB) for d, c in zip(docs, cuts)]
+        assert any(not torch.equal(a, b) for a, b in zip(after, before))
+        for i, a in enumerate(after):
+            assert torch.equal(mask[i * N].reshape(a.shape), a), f"request {i}"
+    finally:
+        step.close()
+
+
+def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_mask():
+    """With forced drafts on, ``start_build`` / ``finish_build`` (an EAGLE verify: inline, the forced table needs
+    Python) record the valid nodes' grammar-forced continuations; ``build_mask`` (chain algorithms, host-built trees,
+    which never take them) records none."""
+    from sglang_eagle_overlap.core.forced import ForcedDrafts
+    from sglang_eo_dev.helpers.tokenizers import hf_tokenizer
+
+    tokenizer = hf_tokenizer(VOCAB)
+    forced = ForcedDrafts()
+    forced.encode = lambda s: tokenizer.encode(s, add_special_tokens=False)
+    docs = _docs(8, seed=8)
+    rng = random.Random(8)
+    cuts = [rng.randrange(1, len(d) - N - 1) for d in docs]
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, forced=forced)
+    try:
+        def build(verify: bool) -> None:
+            ms = [G.matcher("nested", VOCAB, d[:c]) for d, c in zip(docs, cuts)]
+            nxt, sib, _ = _tree(len(docs))
+            tok = torch.tensor([[0] + d[c : c + N - 1] for d, c in zip(docs, cuts)], dtype=torch.int64)
+            reqs = [MaskRequest(matcher=m) for m in ms]
+            if verify:
+                job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB)
+                assert job.future is None  # forced drafts keep the build inline
+                step.finish_build(job, device="cpu")
+            else:
+                step.build_mask(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, device="cpu")
+
+        assert step.forced is not None
+        build(True)
+        recorded = step.forced.recorded_nodes
+        assert recorded > 0
+        build(False)
+        assert step.forced.recorded_nodes == recorded
+    finally:
+        step.close()
