@@ -277,3 +277,88 @@ def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_ma
         assert step.forced.recorded_nodes == recorded
     finally:
         step.close()
+
+
+def test_a_conflict_re_anchored_by_advance_many_is_reported_to_on_feed():
+    doc = _docs(1, seed=9)[0]
+    g = object()
+    step = _step()
+    try:
+        step.advance_many([("a", g, 0, doc[:1], G.matcher("nested", VOCAB))])
+        seen: List[Any] = []
+        out = step.advance_many([("a", g, 0, doc[:2], G.matcher("nested", VOCAB))], lambda gr, o: seen.append((gr, o)))
+        assert out[0].retained == tuple(doc[:2]) and seen == [(g, out[0])]
+        assert step.stats.counters["ledger_resets"] == 1
+    finally:
+        step.close()
+
+
+def test_an_inline_native_walk_that_is_refused_falls_back_with_the_reason_and_the_same_mask(monkeypatch, caplog):
+    """Inline (no grammar thread): the step's native call raises before touching anything; the build feeds the runs
+    and walks in Python -- the mask of a step whose call went through, the refusal's reason in the warning."""
+    from sglang_eagle_overlap.core.native import NativeGrammar
+
+    docs = _docs(4, seed=10)
+    rng = random.Random(10)
+    cuts = [rng.randrange(1, len(d) - N - 3) for d in docs]
+    runs = [d[c : c + 2] for d, c in zip(docs, cuts)]
+
+    def one_step(step: GrammarStep) -> torch.Tensor:
+        assert step.builder.native is not None
+        ms = [G.matcher("nested", VOCAB, d[:c]) for d, c in zip(docs, cuts)]
+        nxt, sib, _ = _tree(len(docs))
+        tok = torch.tensor([[0] + d[c + 2 : c + 1 + N] for d, c in zip(docs, cuts)], dtype=torch.int64)
+        rows = [(f"r{i}", object(), c, ms[i], i) for i, c in enumerate(cuts)]
+        return step.build_mask([MaskRequest(matcher=m) for m in ms], step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
+                               device="cpu", barrier=lambda: step.advance_later(rows, _result(runs), lambda o: None)
+                               ).device_mask.clone()
+
+    ok = _step(False)
+    refused = _step(False)
+    try:
+        want = one_step(ok)
+
+        real = NativeGrammar.step_call
+
+        def refuse_once(self: Any, *a: Any, **k: Any) -> Any:  # the step's call; the ledger's own feed then goes
+            monkeypatch.setattr(NativeGrammar, "step_call", real)
+
+            def call() -> Any:
+                raise ValueError("refused here")
+
+            return call
+
+        monkeypatch.setattr(NativeGrammar, "step_call", refuse_once)
+        with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
+            got = one_step(refused)
+        assert torch.equal(got, want)
+        assert "native tree mask build failed (ValueError: refused here); rebuilding request by request" in caplog.text
+        assert refused.ledger.tokens_fed == ok.ledger.tokens_fed == sum(len(r) for r in runs)
+    finally:
+        ok.close()
+        refused.close()
+
+
+def test_drafts_of_timed_out_requests_are_neutralised_on_the_grammar_threads_path():
+    """A build that runs out of its time limit on the grammar thread: the requests it timed out keep only their root
+    row, and their drafts in the sampler's tensor are neutralised (the tree's node count comes from the job)."""
+    docs = _docs(6, seed=11)
+    ms = [G.matcher("nested", VOCAB, d[:1]) for d in docs]
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=1e-9, grammar_thread=True, native=native)
+    try:
+        nxt, sib, _ = _tree(len(docs))
+        tok = torch.tensor([d[1 : 1 + N] for d in docs], dtype=torch.int64)
+        draft = tok.clone().reshape(-1)
+        job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(nxt, sib, tok), vocab_size=VOCAB)
+        assert job.future is not None
+        out = step.finish_build(job, device="cpu", draft_device=draft)
+        timed_out = out.tree.timed_out
+        assert timed_out, "a 1 ns limit times some request out"
+        for i in range(len(docs)):
+            kept = draft[i * N + 1 : (i + 1) * N]
+            if i in timed_out:
+                assert not torch.equal(kept, tok[i, 1:]), f"request {i} kept its drafts"
+            else:
+                assert torch.equal(kept, tok[i, 1:])
+    finally:
+        step.close()
