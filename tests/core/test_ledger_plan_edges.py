@@ -14,8 +14,9 @@ import xgrammar as xgr
 
 from sglang_eagle_overlap.core import AcceptLedger
 from sglang_eagle_overlap.core.ledger import AdvanceOutcome, LedgerGapError, ResultRuns, native_outcome
-from sglang_eagle_overlap.core.native import (FED, FEED_ERROR, NOT_FED, REJECTED, TERMINATED, TERMINATED_BEFORE)
+from sglang_eagle_overlap.core.native import FED, FEED_ERROR, NOT_FED, REJECTED, TERMINATED, TERMINATED_BEFORE
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.events import CountingEvent
 from sglang_eo_dev.helpers.native import native
 
 VOCAB = 32000
@@ -200,21 +201,13 @@ def test_rows_of_a_plan_without_the_native_module_are_fed_at_once_with_their_gra
     assert seen == [(grammars[0], tuple(docs[0][:2])), (grammars[1], tuple(docs[1][:3]))]
 
 
-class _Event:
-    def __init__(self) -> None:
-        self.waits = 0
-
-    def synchronize(self) -> None:
-        self.waits += 1
-
-
 def test_the_host_copy_is_waited_for_before_tokens_are_read_in_python_or_by_the_native_feed():
     doc = _doc(11)
-    ev = _Event()
+    ev = CountingEvent()
     res = _result([doc[:2]], ready=ev)
     assert ev.waits == 0 and res.run(0) == tuple(doc[:2]) and ev.waits == 1
     assert res.run(0) == tuple(doc[:2]) and ev.waits == 1  # read once
-    ev2 = _Event()
+    ev2 = CountingEvent()
     plan = AcceptLedger(native=native()).plan()
     plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], _result([doc[:2]], ready=ev2))
     assert ev2.waits == 0 and len(plan) == 1  # queued without reading its tokens

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import HostTreeCopier, PendingTree
+from sglang_eo_dev.helpers.events import CountingEvent
 
 
 def _tree(bs=3, n=8, device="cpu", seed=0):
@@ -81,19 +82,9 @@ def test_cuda_mixed_cpu_and_device_inputs():
     assert copier.pinned_allocations == 2
 
 
-class _Event:
-    """Stands in for a device event: counts the waits."""
-
-    def __init__(self) -> None:
-        self.waits = 0
-
-    def synchronize(self) -> None:
-        self.waits += 1
-
-
 def test_pending_tree_waits_on_its_event_once():
     host = _tree()
-    ev = _Event()
+    ev = CountingEvent()
     pending = PendingTree(host=host, event=ev)
     assert not pending.resolved and ev.waits == 0  # creating it waits for nothing
     assert pending.resolve() is host and ev.waits == 1 and pending.resolved
@@ -117,7 +108,7 @@ class _Module:
     def Event(self):  # noqa: N802 -- torch's name
         module = self
 
-        class Ev(_Event):
+        class Ev(CountingEvent):
             def record(self) -> None:
                 module.events.append(self)
 
