@@ -16,7 +16,7 @@ from sglang_eagle_overlap.core import AcceptLedger
 from sglang_eagle_overlap.core.ledger import AdvanceOutcome, LedgerGapError, ResultRuns, native_outcome
 from sglang_eagle_overlap.core.native import FED, FEED_ERROR, NOT_FED, REJECTED, TERMINATED, TERMINATED_BEFORE
 from sglang_eo_dev.helpers import grammars as G
-from sglang_eo_dev.helpers.events import CountingEvent
+from sglang_eo_dev.helpers.devices import CountingEvent, DeviceTensor, result_runs
 from sglang_eo_dev.helpers.native import native
 
 VOCAB = 32000
@@ -24,15 +24,6 @@ VOCAB = 32000
 
 def _doc(seed: int) -> List[int]:
     return list(G.doc_tokens("regex", random.Random(seed), VOCAB))
-
-
-def _result(runs: List[List[int]], stride: int = 6, ready: Any = None) -> ResultRuns:
-    ids = torch.zeros(len(runs) * stride, dtype=torch.int64)
-    lens = torch.zeros(len(runs), dtype=torch.int32)
-    for r, run in enumerate(runs):
-        ids[r * stride : r * stride + len(run)] = torch.tensor(run)
-        lens[r] = len(run)
-    return ResultRuns(ids, lens, stride, ready)
 
 
 class _BadHandles:
@@ -103,7 +94,7 @@ def test_two_runs_of_one_request_in_one_add_rows_call_are_fed_in_order_and_the_r
     want = AcceptLedger().advance_many([(k, grammars[k], s, r, m_py[k]) for k, s, r in zip(keys, starts, runs)])
     led = AcceptLedger(native=native())
     plan = led.plan()
-    result = _result(runs)
+    result = result_runs(runs)
     plan.add_rows([(k, grammars[k], s, m_cx[k], row) for row, (k, s) in enumerate(zip(keys, starts))], result)
     # x's first run was fed when its second came; the second (tokens packed), y and z wait
     assert len(plan) == 3 and plan.sources() == [result]
@@ -127,7 +118,7 @@ def test_a_request_in_two_results_of_one_plan_leaves_the_rows_after_it_queued_an
     want = AcceptLedger().advance_many([(k, grammars[k], s, r, m_py[k]) for k, s, r in first + second])
     plan = AcceptLedger(native=native()).plan()
     slots = [plan.add_rows([(k, grammars[k], s, m_cx[k], row) for row, (k, s, _) in enumerate(part)],
-                           _result([r for _, _, r in part])) for part in (first, second)]
+                           result_runs([r for _, _, r in part])) for part in (first, second)]
     assert slots == [range(0, 2), range(2, 5)]
     plan.feed()
     assert plan.out == want and all(o.error is None for o in plan.out)
@@ -140,8 +131,8 @@ class _Counting(xgr.GrammarMatcher):
 
 
 def test_rows_fed_in_python_report_through_on_feed_and_slots_and_sources_span_several_calls():
-    """In one plan: a result on the host (fresh runs queue), then a result whose tensors are not host tensors and a
-    row whose matcher is a subclass (both fed at once, in Python). ``on_feed`` gets every fresh run with its own
+    """In one plan: a result on the host whose fresh runs queue but for a row whose matcher is a subclass (fed at once,
+    in Python), then a result whose tensors are not host tensors (its tokens read at once and packed). ``on_feed`` gets every fresh run with its own
     grammar, each call's slots follow the previous call's, and ``sources`` lists a result once however many rows
     read it."""
     docs = [_doc(s) for s in (5, 6, 7, 8)]
@@ -152,20 +143,13 @@ def test_rows_fed_in_python_report_through_on_feed_and_slots_and_sources_span_se
     plan = led.plan()
     seen: List[Any] = []
     on_feed = lambda g, o: seen.append((g, o))  # noqa: E731
-    host = _result([docs[0][:2], docs[1][:1], docs[3][:3]])
+    host = result_runs([docs[0][:2], docs[1][:1], docs[3][:3]])
     first = plan.add_rows([("a", grammars[0], 0, plain[0], 0), ("b", grammars[1], 0, plain[1], 1),
                            ("d", grammars[3], 0, sub, 2)], host, on_feed)
     assert first == range(0, 3) and len(plan) == 2 and plan.sources() == [host]
     assert [g for g, _ in seen] == [grammars[3]] and seen[0][1].retained == tuple(docs[3][:3])
 
-    class _Device:
-        def __init__(self, values: List[int]) -> None:
-            self.values, self.device = values, torch.device("meta")
-
-        def tolist(self) -> List[int]:
-            return list(self.values)
-
-    off_host = ResultRuns(_Device(docs[2][:2] + [0] * 4), _Device([2]), 6)
+    off_host = ResultRuns(DeviceTensor(docs[2][:2] + [0] * 4), DeviceTensor([2]), 6)
     assert not off_host.on_host
     second = plan.add_rows([("c", grammars[2], 0, plain[2], 0)], off_host, on_feed)
     assert second == range(3, 4) and plan.sources() == [host]
@@ -179,7 +163,7 @@ def test_a_result_read_by_two_calls_is_a_source_once():
     """Two ``add_rows`` calls of one plan on the same result (rows of different requests): the native call gets the
     result once, and both calls' runs are fed from it."""
     docs = [_doc(s) for s in (16, 17)]
-    result = _result([docs[0][:2], docs[1][:3]])
+    result = result_runs([docs[0][:2], docs[1][:3]])
     plan = AcceptLedger(native=native()).plan()
     plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], result)
     plan.add_rows([("b", object(), 0, G.matcher("regex", VOCAB), 1)], result)
@@ -196,7 +180,7 @@ def test_rows_of_a_plan_without_the_native_module_are_fed_at_once_with_their_gra
     seen: List[Any] = []
     slots = plan.add_rows([("a", grammars[0], 0, G.matcher("regex", VOCAB), 0),
                            ("b", grammars[1], 0, G.matcher("regex", VOCAB), 1)],
-                          _result([docs[0][:2], docs[1][:3]]), lambda g, o: seen.append((g, o.retained)))
+                          result_runs([docs[0][:2], docs[1][:3]]), lambda g, o: seen.append((g, o.retained)))
     assert slots == range(0, 2) and len(plan) == 0
     assert seen == [(grammars[0], tuple(docs[0][:2])), (grammars[1], tuple(docs[1][:3]))]
 
@@ -204,12 +188,12 @@ def test_rows_of_a_plan_without_the_native_module_are_fed_at_once_with_their_gra
 def test_the_host_copy_is_waited_for_before_tokens_are_read_in_python_or_by_the_native_feed():
     doc = _doc(11)
     ev = CountingEvent()
-    res = _result([doc[:2]], ready=ev)
+    res = result_runs([doc[:2]], ready=ev)
     assert ev.waits == 0 and res.run(0) == tuple(doc[:2]) and ev.waits == 1
     assert res.run(0) == tuple(doc[:2]) and ev.waits == 1  # read once
     ev2 = CountingEvent()
     plan = AcceptLedger(native=native()).plan()
-    plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], _result([doc[:2]], ready=ev2))
+    plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], result_runs([doc[:2]], ready=ev2))
     assert ev2.waits == 0 and len(plan) == 1  # queued without reading its tokens
     plan.feed()
     assert ev2.waits >= 1 and plan.out[0].retained == tuple(doc[:2])

@@ -17,6 +17,7 @@ import xgrammar as xgr
 from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest, TreeMaskBuilder
 from sglang_eagle_overlap.core.native import NativeUnavailable, build_native, load_native
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.devices import DeviceTensor, result_runs
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
 from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
@@ -419,22 +420,6 @@ def test_the_sparse_reset_in_the_call_spares_the_rows_it_fills():
     assert any(not bool((buf[r] == -1).all()) for r in written)  # the filled rows were not reset
 
 
-def _result_of(rows, prefill):
-    """A host result holding ``rows``' runs: decode rows ``ids[r * stride : r * stride + lens[r]]``, or, ``prefill``,
-    one token per row (``lens`` None)."""
-    from sglang_eagle_overlap.core.ledger import ResultRuns
-
-    if prefill:
-        return ResultRuns(torch.tensor([run[0] for _, _, run in rows] or [0], dtype=torch.int64), None, 1)
-    stride = max([1] + [len(run) for _, _, run in rows])
-    ids = torch.zeros(max(1, len(rows)) * stride, dtype=torch.int64)
-    lens = torch.zeros(max(1, len(rows)), dtype=torch.int32)
-    for r, (i, start, run) in enumerate(rows):
-        ids[r * stride : r * stride + len(run)] = torch.tensor(run)
-        lens[r] = len(run)
-    return ResultRuns(ids, lens, stride)
-
-
 @pytest.mark.parametrize("layout", ["decode", "prefill", "two-results"])
 @pytest.mark.parametrize("seed", range(3))
 def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed, layout):
@@ -470,7 +455,7 @@ def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed, layout):
         first = len(plan.out)
         for part in parts:
             plan.add_rows([(f"r{i}", grammars[i], start, m_cx[i], r) for r, (i, start, _) in enumerate(part)],
-                          _result_of(part, layout == "prefill"), lambda g, o: fed_cx.append((id(g), o)))
+                          result_runs([run for _, _, run in part], prefill=layout == "prefill"), lambda g, o: fed_cx.append((id(g), o)))
         queued_total += len(plan)
         plan.feed()
         got_cx = plan.out[first:]
@@ -486,17 +471,6 @@ def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed, layout):
     assert queued_total > 50  # most fresh runs waited for the native call
 
 
-class _DeviceTensor:
-    """Stands for a result tensor not yet copied to the host: it has a non-host device and lists its values."""
-
-    def __init__(self, values) -> None:
-        self.values = list(values)
-        self.device = type("Device", (), {"type": "cuda"})()
-
-    def tolist(self):
-        return list(self.values)
-
-
 def test_a_result_not_on_the_host_is_read_at_once_never_by_the_native_call():
     """Runs of a result whose tensors are not host tensors are read through Python at once and packed with their
     tokens: the native call never gets a tensor it could not read, and the outcomes are the same."""
@@ -508,7 +482,7 @@ def test_a_result_not_on_the_host_is_read_at_once_never_by_the_native_call():
     ids = [0] * (len(runs) * 4)
     for i, run in enumerate(runs):
         ids[i * 4 : i * 4 + len(run)] = run
-    result = ResultRuns(_DeviceTensor(ids), _DeviceTensor([len(r) for r in runs]), 4)
+    result = ResultRuns(DeviceTensor(ids), DeviceTensor([len(r) for r in runs]), 4)
     assert not result.on_host and ResultRuns(torch.zeros(4, dtype=torch.int64), None, 1).on_host
     plan = cx.plan()
     plan.add_rows([(f"r{i}", grammars[i], pos[i], m_cx[i], i) for i in range(len(runs))], result)

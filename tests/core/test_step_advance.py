@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest
-from sglang_eagle_overlap.core.ledger import ResultRuns
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.devices import result_runs
 from sglang_eo_dev.helpers.native import native
 
 VOCAB = 512
@@ -28,13 +28,6 @@ def _step(thread: bool = True) -> GrammarStep:
 def _docs(k: int, seed: int = 0) -> List[List[int]]:
     rng = random.Random(seed)
     return [list(G.doc_tokens("nested", rng, VOCAB)) for _ in range(k)]
-
-
-def _result(runs: List[List[int]]) -> ResultRuns:
-    ids = torch.zeros(len(runs) * N, dtype=torch.int64)
-    for r, run in enumerate(runs):
-        ids[r * N : r * N + len(run)] = torch.tensor(run)
-    return ResultRuns(ids, torch.tensor([len(r) for r in runs], dtype=torch.int32), N)
 
 
 def _tree(bs: int):
@@ -56,11 +49,11 @@ def test_advance_later_outside_a_build_feeds_at_once_reports_and_counts_replays_
         told: List[Any] = []
         seen: List[Any] = []
         rows = [(f"r{i}", grammars[i], 0, ms[i], i) for i in range(3)]
-        step.advance_later(rows, _result(runs), told.append, lambda g, o: seen.append((g, o)))
+        step.advance_later(rows, result_runs(runs), told.append, lambda g, o: seen.append((g, o)))
         assert told == [want] and seen == list(zip(grammars, want))
-        step.advance_later(rows[:2], _result(runs[:2]), told.append)  # asked again: replays, not counted
+        step.advance_later(rows[:2], result_runs(runs[:2]), told.append)  # asked again: replays, not counted
         assert told[1] == want[:2] and step.stats.counters["replays"] == 0 and step.ledger.tokens_fed == 6
-        step.advance_later(rows[:2], _result(runs[:2]), told.append, count_replays=True)
+        step.advance_later(rows[:2], result_runs(runs[:2]), told.append, count_replays=True)
         assert told[2] == want[:2] and step.stats.counters["replays"] == 2
     finally:
         step.close()
@@ -88,7 +81,7 @@ def test_a_conflicting_run_in_a_barrier_is_re_anchored_fed_from_its_start_and_re
         seen: List[Any] = []
         nxt, sib, tok = _tree(3)
         reqs = [MaskRequest(matcher=m) for m in (fresh, old[1], old[2])]
-        barrier = lambda: step.advance_later(rows, _result(runs), told.append,  # noqa: E731
+        barrier = lambda: step.advance_later(rows, result_runs(runs), told.append,  # noqa: E731
                                              lambda gr, o: seen.append((gr, o)), count_replays=True)
         with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
             if threaded:
@@ -163,7 +156,7 @@ def test_an_abandoned_step_that_fails_is_logged_once_and_its_runs_are_recorded(m
         reqs = [MaskRequest(matcher=m) for m in ms]
         rows = [(f"r{i}", g[i], 0, ms[i], i) for i in range(2)]
         step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                         barrier=lambda: step.advance_later(rows, _result([d[:2] for d in docs]), told.append))
+                         barrier=lambda: step.advance_later(rows, result_runs([d[:2] for d in docs]), told.append))
         builder = step.builder
         real = builder.finish
 
@@ -181,7 +174,7 @@ def test_an_abandoned_step_that_fails_is_logged_once_and_its_runs_are_recorded(m
         # a second abandoned job (it finishes cleanly when settled), settled by ``replay``
         rows2 = [(f"r{i}", g[i], 2, ms[i], i) for i in range(2)]
         step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                         barrier=lambda: step.advance_later(rows2, _result([d[2:3] for d in docs]), told.append))
+                         barrier=lambda: step.advance_later(rows2, result_runs([d[2:3] for d in docs]), told.append))
         out = step.replay("r0", 2, docs[0][2:3])
         assert out is not None and out.retained == tuple(docs[0][2:3]) and len(told) == 2
         assert step.ledger.tokens_fed == 6 and len(caplog.records) == 1
@@ -226,7 +219,7 @@ def test_the_mask_is_built_after_the_barriers_runs_are_fed(threaded):
                            dtype=torch.int64)
         rows = [(f"r{i}", object(), c, ms[i], i) for i, c in enumerate(cuts)]
         reqs = [MaskRequest(matcher=m) for m in ms]
-        barrier = lambda: step.advance_later(rows, _result(runs), lambda o: None)  # noqa: E731
+        barrier = lambda: step.advance_later(rows, result_runs(runs), lambda o: None)  # noqa: E731
         if threaded:
             job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=barrier)
             mask = step.finish_build(job, device="cpu").device_mask.clone()
@@ -310,7 +303,7 @@ def test_an_inline_native_walk_that_is_refused_falls_back_with_the_reason_and_th
         tok = torch.tensor([[0] + d[c + 2 : c + 1 + N] for d, c in zip(docs, cuts)], dtype=torch.int64)
         rows = [(f"r{i}", object(), c, ms[i], i) for i, c in enumerate(cuts)]
         return step.build_mask([MaskRequest(matcher=m) for m in ms], step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                               device="cpu", barrier=lambda: step.advance_later(rows, _result(runs), lambda o: None)
+                               device="cpu", barrier=lambda: step.advance_later(rows, result_runs(runs), lambda o: None)
                                ).device_mask.clone()
 
     ok = _step(False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import HostTreeCopier, PendingTree
-from sglang_eo_dev.helpers.events import CountingEvent
+from sglang_eo_dev.helpers.devices import CountingEvent
 
 
 def _tree(bs=3, n=8, device="cpu", seed=0):

@@ -1,0 +1,53 @@
+"""Stand-ins for device objects on a host without a device, and the host results the ledger reads.
+
+``CountingEvent`` stands for a device event (``torch.cuda.Event``): ``synchronize()`` returns at once and counts
+itself. ``DeviceTensor`` stands for a result tensor not yet copied to the host: a non-host device, values readable
+only through ``tolist()``. ``result_runs`` builds a host ``ResultRuns`` holding given runs, as SGLang's verify
+(``ids[r * stride : r * stride + lens[r]]``) or prefill (one token per row, no lengths) results lay them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+__all__ = ["CountingEvent", "DeviceTensor", "result_runs"]
+
+
+class CountingEvent:
+    """``synchronize()`` returns at once and counts itself in ``waits``."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def synchronize(self) -> None:
+        self.waits += 1
+
+
+class DeviceTensor:
+    """A tensor on a device (``device.type`` "cuda") whose values ``tolist()`` still reads."""
+
+    def __init__(self, values: Sequence[int]) -> None:
+        self.values = list(values)
+        self.device = type("Device", (), {"type": "cuda"})()
+
+    def tolist(self) -> List[int]:
+        return list(self.values)
+
+
+def result_runs(runs: Sequence[Sequence[int]], stride: Optional[int] = None, *, prefill: bool = False,
+                ready: Any = None) -> Any:
+    """A host ``ResultRuns`` of ``runs``, one row each: decode rows at ``stride`` (default: the longest run), or,
+    ``prefill``, each run's first token and no lengths. ``ready``: the host copy's event."""
+    import torch
+
+    from sglang_eagle_overlap.core.ledger import ResultRuns
+
+    if prefill:
+        return ResultRuns(torch.tensor([run[0] for run in runs] or [0], dtype=torch.int64), None, 1, ready)
+    stride = stride or max([1] + [len(run) for run in runs])
+    ids = torch.zeros(max(1, len(runs)) * stride, dtype=torch.int64)
+    lens = torch.zeros(max(1, len(runs)), dtype=torch.int32)
+    for r, run in enumerate(runs):
+        ids[r * stride : r * stride + len(run)] = torch.tensor(list(run), dtype=torch.int64)
+        lens[r] = len(run)
+    return ResultRuns(ids, lens, stride, ready)
