@@ -28,7 +28,7 @@ def _doc(seed: int) -> List[int]:
 
 class _BadHandles:
     """The native module, except that the matchers in ``bad`` hand it a handle of another xgrammar type (a compiled
-    grammar): C++ fails to call ``accept_token`` on it, as a matcher that raises inside the call."""
+    grammar): C++ fails to call the matcher's methods on it, as a matcher that raises inside the call."""
 
     def __init__(self, bad: List[Any]) -> None:
         self._nat = native()

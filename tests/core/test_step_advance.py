@@ -74,7 +74,7 @@ def test_a_conflicting_run_in_a_barrier_is_re_anchored_fed_from_its_start_and_re
         # r0: the host rolled it back to 0 and commits 2 other tokens there (a fresh matcher stands for the rollback);
         # r1: the same run again (a replay); r2: its next run
         fresh = G.matcher("nested", VOCAB)
-        other = docs[0][:2] if docs[0][:2] != docs[0][:1] else docs[0][:3]
+        other = docs[0][:2]  # at position 0, where the ledger fed docs[0][:1]: a conflict
         runs = [other, docs[1][:1], docs[2][1:3]]
         rows = [("r0", g[0], 0, fresh, 0), ("r1", g[1], 0, old[1], 1), ("r2", g[2], 1, old[2], 2)]
         told: List[Any] = []
