@@ -88,13 +88,14 @@ STATS_ENV = "SGLANG_EAGLE_OVERLAP_STATS_FILE"
 SWITCH_ENV = "SGLANG_EAGLE_OVERLAP"
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"  # the dev step probe's file (sglang_eo_dev.cpu_runtime.step_times)
 
-VARIANTS = ("json", "unconstrained", "json-off", "json-thread")  # table order
+VARIANTS = ("json", "unconstrained", "json-off", "json-inline")  # table order
 DEFAULT_VARIANTS = ("json", "unconstrained", "json-off")
-# engine kind -> its variants; "thread" is the plugin with its grammar thread on (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1,
-# off by default since the H200 run), so both paths can be compared in one run (--variants ...,json-thread)
-ENGINE_VARIANTS = {"on": ("json", "unconstrained"), "off": ("json-off",), "thread": ("json-thread",)}
-ENGINE_ENV = {"on": {}, "off": {}, "thread": {"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "1"}}
-JSON_VARIANTS = ("json", "json-thread")  # plugin on: its stats file is read around these rounds
+# engine kind -> its variants; "inline" is the plugin with its grammar thread off (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0:
+# the grammar work inline on the scheduler thread, the path before the grammar thread became the default), so both
+# paths can be compared in one run (--variants ...,json-inline)
+ENGINE_VARIANTS = {"on": ("json", "unconstrained"), "off": ("json-off",), "inline": ("json-inline",)}
+ENGINE_ENV = {"on": {}, "off": {}, "inline": {"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "0"}}
+JSON_VARIANTS = ("json", "json-inline")  # plugin on: its stats file is read around these rounds
 PHASE_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "unhidden_s", "mask_timeouts")
 
 
@@ -290,11 +291,11 @@ def table_rows(cells: Dict[Tuple[str, int, str], Dict[str, Any]], shapes: Sequen
             for v in VARIANTS:
                 row[v] = cells.get((shape, bs, v)) or {"n": 0, "ms_step": None}
             for suffix, key in (("", "ms_step"), ("_mean", "ms_step_mean")):
-                on, unc, off, thread = (row[v].get(key) for v in VARIANTS)
+                on, unc, off, inline = (row[v].get(key) for v in VARIANTS)
                 row["overhead" + suffix] = _over(on, unc)
-                row["thread_overhead" + suffix] = _over(thread, unc)
+                row["inline_overhead" + suffix] = _over(inline, unc)
             row["off_over_on"] = _ratio(row["json-off"].get("ms_step"), row["json"].get("ms_step"))
-            row["thread_over_on"] = _ratio(row["json-thread"].get("ms_step"), row["json"].get("ms_step"))
+            row["inline_over_on"] = _ratio(row["json-inline"].get("ms_step"), row["json"].get("ms_step"))
             rows.append(row)
     return rows
 
@@ -326,10 +327,11 @@ def markdown(result: Dict[str, Any]) -> str:
         "waits / tree wait / mask / un-hidden, ms) and mask time-limit hits per request.",
         "",
     ]
-    thread_run = any(r.get("json-thread", {}).get("n") for r in result["rows"])
-    if thread_run:
-        lines += ["`json thread` = the plugin with its grammar thread on, in its own engine (SGLANG_EAGLE_OVERLAP_"
-                  "GRAMMAR_THREAD=1; off by default); `thread/json` = its ms/step over json's (the default path).", ""]
+    inline_run = any(r.get("json-inline", {}).get("n") for r in result["rows"])
+    if inline_run:
+        lines += ["`json inline` = the plugin with its grammar thread off, in its own engine (SGLANG_EAGLE_OVERLAP_"
+                  "GRAMMAR_THREAD=0: the grammar work inline on the scheduler thread); `inline/json` = its ms/step "
+                  "over json's (the default path, the grammar thread).", ""]
     if m.get("device") == "cpu":
         lines += ["CPU mode: tiny models, the forward runs synchronously on the scheduler thread, so nothing can be "
                   "hidden; these rows exercise the benchmark end to end and are no GPU result (on a shared machine "
@@ -337,8 +339,8 @@ def markdown(result: Dict[str, Any]) -> str:
     head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | best unc / json / "
             "off | mean unc / json / off | ms/token unc / json / off | over unc. median / mean | off/on | grammar ms json / off | phases adv / tree / "
             "mask / unhidden ms | limit hits/req | accept | steps unc / json / off |")
-    if thread_run:
-        head += " json thread ms/step | json thread mean | thread over unc. median / mean | thread/json | accept thread |"
+    if inline_run:
+        head += " json inline ms/step | json inline mean | inline over unc. median / mean | inline/json | accept inline |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
 
     def _step(c: Dict[str, Any]) -> str:
@@ -350,7 +352,7 @@ def markdown(result: Dict[str, Any]) -> str:
 
     for r in result["rows"]:
         on, unc, off = (r[v] for v in VARIANTS[:3])
-        thr = r.get("json-thread") or {}
+        inl = r.get("json-inline") or {}
         ph = on.get("phases")
         phs = (f"{ph['advance_ms']:.2f} / {ph['tree_wait_ms']:.2f} / {ph['mask_ms']:.2f} / {ph['unhidden_ms']:.2f}"
                if ph else "–")
@@ -365,10 +367,10 @@ def markdown(result: Dict[str, Any]) -> str:
                 f"{_f(on.get('grammar_ms'))} / {_f(off.get('grammar_ms'))} | {phs} | {hits} | "
                 f"{_f(on.get('accept_len'))} | {unc.get('n_steps', 0)} / {on.get('n_steps', 0)} / "
                 f"{off.get('n_steps', 0)} |")
-        if thread_run:
-            line += (f" {_step(thr)} | {_f(thr.get('ms_step_mean'))} | {_f(r.get('thread_overhead'), '{:+.1%}')} / "
-                     f"{_f(r.get('thread_overhead_mean'), '{:+.1%}')} | "
-                     f"{_f(r.get('thread_over_on'), '{:.2f}x')} | {_f(thr.get('accept_len'))} |")
+        if inline_run:
+            line += (f" {_step(inl)} | {_f(inl.get('ms_step_mean'))} | {_f(r.get('inline_overhead'), '{:+.1%}')} / "
+                     f"{_f(r.get('inline_overhead_mean'), '{:+.1%}')} | "
+                     f"{_f(r.get('inline_over_on'), '{:.2f}x')} | {_f(inl.get('accept_len'))} |")
         lines.append(line)
     if result.get("problems"):
         lines += ["", "Problems seen:", ""] + [f"- {p}" for p in result["problems"]]
@@ -389,7 +391,7 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
     styles = {"json": ("json_schema, plugin", "tab:green"), "unconstrained": ("unconstrained", "tab:blue"),
               "json-off": ("json_schema, plugin off", "tab:red"),
-              "json-thread": ("json_schema, plugin with grammar thread", "tab:orange")}
+              "json-inline": ("json_schema, plugin with the grammar inline", "tab:orange")}
     for ax, shape in zip(axes[0], shapes):
         rows = [r for r in result["rows"] if r["shape"] == shape]
         for v, (label, color) in styles.items():
@@ -595,7 +597,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=None, help="rounds per cell per engine; default 2 (cuda) / 1 (cpu)")
     ap.add_argument("--repeats", type=int, default=1, help="engine pairs (plugin on, off) per shape")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                    help=f"subset of {','.join(VARIANTS)} (json-thread: a third engine, the plugin with its grammar thread)")
+                    help=f"subset of {','.join(VARIANTS)} (json-inline: a third engine, the plugin with its grammar work inline)")
     ap.add_argument("--model-path", default=None, help="a real target model (default: the workload's dummy config)")
     ap.add_argument("--draft-model-path", default=None, help="its EAGLE3 draft (with --model-path)")
     ap.add_argument("--dtype", default="bfloat16")
@@ -754,7 +756,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         for shape in args.shape_list:
             for rep in range(args.repeats):
-                for kind in ("on", "off", "thread"):
+                for kind in ("on", "off", "inline"):
                     variants = [v for v in ENGINE_VARIANTS[kind] if v in args.variant_list]
                     if not variants:
                         continue

@@ -118,6 +118,7 @@ def bench():
 
 @pytest.mark.parametrize("sub, extra, shapes, workload", [
     ("bench-topk1", [], ["topk1"], "dummy-8b-json"),
+    ("bench-paths", [], ["topk1", "topk4"], "dummy-8b-json"),
     ("bench-topk4", ["--", "--rounds", "3"], ["topk4"], "dummy-8b-json"),
     ("bench-workload", ["dummy-8b-json", "topk4"], ["topk4"], "dummy-8b-json"),
     ("bench-workload", ["dummy-8b-json"], ["topk1"], "dummy-8b-json"),
@@ -132,11 +133,13 @@ def test_bench_sub_commands_run_one_shape_into_the_named_folder(bench, tmp_path,
     assert args.device == "cuda" and args.out == str(tmp_path / "out")
     assert [s.name for s in args.shape_list] == shapes and args.workload == workload
     assert (args.attention_backend, args.sampling_backend) == ("triton", "pytorch")  # no flashinfer on the host
-    assert args.rounds == (3 if "--rounds" in extra else 2) and args.batch_sizes == [1, 8, 32, 64]
-    # the table's calls put the default path, unconstrained, stock and the grammar thread side by side in one run
+    rounds = 3 if "--rounds" in extra else 1 if sub == "bench-paths" else 2  # bench-paths: one slot for both shapes
+    assert args.rounds == rounds and args.batch_sizes == [1, 8, 32, 64]
+    # the table's calls put the default path, unconstrained, stock and the inline path side by side in one run
     # (topk 4 leaves stock to its own call: its slow steps would not fit the 10 minutes)
-    table = {"bench-topk1": ["json", "unconstrained", "json-off", "json-thread"],
-             "bench-topk4": ["json", "unconstrained", "json-thread"],
+    table = {"bench-topk1": ["json", "unconstrained", "json-off", "json-inline"],
+             "bench-topk4": ["json", "unconstrained", "json-inline"],
+             "bench-paths": ["json", "unconstrained", "json-inline"],
              "bench-stock": ["json-off"]}.get(sub, list(bench.DEFAULT_VARIANTS))
     assert args.variant_list == table
 
@@ -180,7 +183,7 @@ def test_usage_lists_every_sub_command():
     usage = _run_sh().stderr
     source = (GPU / "run.sh").read_text()
     accepted = source.split('case "$mode" in', 1)[1].split(")", 1)[0].strip().split("|")
-    assert accepted == ["check", "tests-greedy", "tests-other", "bench-topk1", "bench-topk4", "bench-stock",
+    assert accepted == ["check", "tests-greedy", "tests-other", "bench-paths", "bench-topk1", "bench-topk4", "bench-stock",
                         "bench-workload", "merge"]
     for sub in accepted + ["env"]:
         assert f"  {sub} " in usage, sub

@@ -8,8 +8,12 @@
 #   check           OUT       unpack, then check torch + CUDA, SGLang, xgrammar and the plugin's entry point (~1 min)
 #   tests-greedy    OUT       CUDA tests: tree copy + greedy EAGLE3 = non-speculative, plugin on/off (5 engines)
 #   tests-other     OUT       CUDA tests: sampling accepted by the grammar + small KV pool retractions next to aborts
+#   bench-paths     OUT       both shapes (topk 1, topk 4), bs 1/8/32/64, 160-token outputs, ONE round after the
+#                             warm-up: the plugin's default path (grammar thread) next to unconstrained in one engine,
+#                             then the inline path (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0) in another; no stock
+#                             (the call that fits one device slot when only one is lent)
 #   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained),
-#                             plugin-off engine (json, stock) and the plugin with its grammar thread (json),
+#                             plugin-off engine (json, stock) and the plugin with its grammar work inline (json),
 #                             160-token outputs (measured on an H200: 536 s with the archive's unpacking)
 #   bench-topk4     OUT       the topk 4 / 8 draft tokens rows without stock SGLang (~5 min: 2 engines)
 #   bench-stock     OUT SHAPE stock SGLang's column of one shape (topk 4: ~8 min; its slow grammar steps make its
@@ -31,7 +35,7 @@
 # DRY_RUN=1 prints the command a sub-command would run and stops before anything is unpacked (tests use it).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-usage() { sed -n '5,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -39,7 +43,7 @@ out=""
 name=""
 merge_dirs=()
 case "$mode" in
-  check|tests-greedy|tests-other|bench-topk1|bench-topk4|bench-stock|bench-workload|merge)
+  check|tests-greedy|tests-other|bench-paths|bench-topk1|bench-topk4|bench-stock|bench-workload|merge)
     [ $# -ge 1 ] && [ "$1" != "--" ] || { echo "run.sh $mode: name an output folder: run.sh $mode OUT" >&2; exit 2; }
     out=$1
     shift ;;
@@ -70,9 +74,10 @@ case "$mode" in
   tests-greedy) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/core/test_tree_copy.py
                      tests/gpu/test_cuda_engine.py::test_greedy_eagle3_token_identical_to_non_speculative) ;;
   tests-other) cmd=("$py" -m pytest -q -m cuda -p no:cacheprovider tests/gpu/test_cuda_engine.py -k "not greedy") ;;
-  # the table: the plugin (default path), unconstrained, stock SGLang, the plugin with its grammar thread
-  bench-topk1) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-off,json-thread --shapes topk1) ;;
-  bench-topk4) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-thread --shapes topk4) ;;
+  # the table: the plugin (default path: grammar thread), unconstrained, stock SGLang, the plugin's inline path
+  bench-paths) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-inline --shapes topk1,topk4 --rounds 1) ;;
+  bench-topk1) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-off,json-inline --shapes topk1) ;;
+  bench-topk4) cmd=("$py" "${bench[@]}" --variants json,unconstrained,json-inline --shapes topk4) ;;
   bench-stock) cmd=("$py" "${bench[@]}" --variants json-off --shapes "$shape") ;;
   bench-workload) cmd=("$py" "${bench[@]}" --workload "$name" --shapes "$shape") ;;
   merge) cmd=("$py" benchmarks/bench_gpu_constrained.py --merge) ;;

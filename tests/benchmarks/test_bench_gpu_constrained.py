@@ -141,8 +141,8 @@ def test_summaries_rows_and_markdown(bench):
     assert "| 1 / 6 / 1 |" in md  # steps per variant
 
 
-def test_thread_path_column_and_resummarize_from_raw(bench):
-    """The grammar-thread engine (json-thread) gets its own columns, compared with unconstrained and the default path
+def test_inline_path_column_and_resummarize_from_raw(bench):
+    """The inline-path engine (json-inline, grammar thread off) gets its own columns, compared with unconstrained and the default path
     of the same run; a result file is re-summarized from its raw rounds (older files gain the mean), row by row."""
     def rnd(steps):
         return {"ms_step": bench.statistics.median(steps), "n_steps": len(steps),
@@ -151,7 +151,7 @@ def test_thread_path_column_and_resummarize_from_raw(bench):
 
     raw = [{"shape": "topk1", "bs": 8, "variant": "unconstrained", "rounds": [rnd([8.0, 8.0, 8.0])], "phases": []},
            {"shape": "topk1", "bs": 8, "variant": "json", "rounds": [rnd([9.0, 9.0, 90.0])], "phases": []},
-           {"shape": "topk1", "bs": 8, "variant": "json-thread", "rounds": [rnd([8.0, 8.4, 40.0])], "phases": []}]
+           {"shape": "topk1", "bs": 8, "variant": "json-inline", "rounds": [rnd([8.0, 8.4, 40.0])], "phases": []}]
     old = {"machine": {"device_name": "H200", "cpus": 16, "sglang": "0.5.16", "xgrammar": "0.2.1", "torch": "2.11",
                        "python": "3.12"}, "model": "m", "max_new_tokens": 160, "rounds": 1, "repeats": 1,
            "command": "c", "shapes": [{"name": "topk1"}], "batch_sizes": [8], "raw": raw, "problems": [],
@@ -160,10 +160,10 @@ def test_thread_path_column_and_resummarize_from_raw(bench):
     (row,) = new["rows"]
     assert row["json"]["ms_step"] == 9.0 and row["json"]["ms_step_mean"] == pytest.approx(36.0)
     assert row["overhead"] == pytest.approx(9 / 8 - 1) and row["overhead_mean"] == pytest.approx(36 / 8 - 1)
-    assert row["thread_overhead"] == pytest.approx(8.4 / 8 - 1) and row["thread_over_on"] == pytest.approx(8.4 / 9)
-    assert row["thread_overhead_mean"] == pytest.approx(56.4 / 3 / 8 - 1)
+    assert row["inline_overhead"] == pytest.approx(8.4 / 8 - 1) and row["inline_over_on"] == pytest.approx(8.4 / 9)
+    assert row["inline_overhead_mean"] == pytest.approx(56.4 / 3 / 8 - 1)
     md = bench.markdown(new)
-    assert "json thread ms/step" in md and "| 8.40 (8.08-33.68) | 18.80 | +5.0% / +135.0% | 0.93x |" in md
+    assert "json inline ms/step" in md and "| 8.40 (8.08-33.68) | 18.80 | +5.0% / +135.0% | 0.93x |" in md
     assert bench.resummarize({"rows": [1]}) == {"rows": [1]}  # nothing raw: unchanged
 
 
