@@ -60,14 +60,15 @@ def test_prune_site_drops_the_unused_kernels_and_keeps_the_rest(tmp_path):
     site = tmp_path / "site"
     keep = ["sgl_kernel/__init__.py", "sgl_kernel/sm90/common_ops.abi3.so", "sgl_kernel/spatial_ops.abi3.so",
             "xgrammar/__init__.py", "xgrammar/xgrammar_bindings.so", "sglang/srt/server_args.py",
-            "sglang/srt/constrained/llguidance_backend.py",
+            "sglang/srt/constrained/llguidance_backend.py", "_soundfile_data/libsndfile_x86_64.so",
             "zstandard/backend_c.cpython-312-x86_64-linux-gnu.so"]
     drop = ["sgl_kernel/flash_ops.abi3.so", "sgl_kernel/sm90/flash_ops.abi3.so", "sgl_kernel/sm100/common_ops.abi3.so",
             "sgl_kernel/flashmla_ops.abi3.so", "sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so",
             "xgrammar/lib/libxgrammar.a", "bin/openai", "jedi/third_party/typeshed/stdlib/os.pyi",
             "sglang/__pycache__/version.cpython-312.pyc", "sglang/old.pyc",
             "zstandard/_cffi.cpython-312-x86_64-linux-gnu.so", "sglang/multimodal_gen/__init__.py",
-            "llguidance/__init__.py", "llguidance-1.3.0.dist-info/METADATA"]
+            "llguidance/__init__.py", "llguidance-1.3.0.dist-info/METADATA", "datasets/__init__.py",
+            "multiprocess/__init__.py", "Cryptodome/__init__.py"]
     for rel in keep + drop:
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text("x")

@@ -20,7 +20,8 @@ read_pins() {
 # prune_site DIR: remove from an unpacked site directory what a Llama + EAGLE3 run with triton attention never
 # loads, so the archive fits in 64 MiB: FlashAttention-3 (flash_ops, 1.1 GB), the sm100 kernels, FlashMLA, objects
 # built for CPython 3.10, xgrammar's static libraries (65 MB), zstandard's cffi backend, console scripts, typeshed
-# stubs, SGLang's diffusion package, llguidance (the offline host runs the xgrammar backend only), caches.
+# stubs, SGLang's diffusion package, llguidance (the offline host runs the xgrammar backend only),
+# what only SGLang's evals and GCS signing import, caches.
 prune_site() {
   local site=$1
   [ -d "$site" ] || { echo "prune_site: no directory $site" >&2; return 1; }
@@ -31,6 +32,9 @@ prune_site() {
   rm -rf "$site"/xgrammar/lib/*.a "$site/bin" "$site/jedi/third_party/typeshed"
   rm -rf "$site/sglang/multimodal_gen"  # diffusion serving (11 MB): only sglang's CLI and diffusion kernels import it
   rm -rf "$site"/llguidance "$site"/llguidance-*.dist-info  # 7.6 MB; imported only by grammar_backend="llguidance"
+  # imported only by SGLang's evals and blobfile's GCS signing, never by a text engine (10 MB); soundfile's library
+  # stays: transformers' audio_utils imports soundfile whenever it is installed, and it cannot load without it
+  rm -rf "$site"/datasets "$site"/multiprocess "$site"/Cryptodome
   rm -f "$site"/zstandard/_cffi.*.so  # zstandard imports its C backend; the cffi one (12 MB) is a fallback
   find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
   find "$site" -name '*.pyc' -delete
