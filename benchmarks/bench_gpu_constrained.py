@@ -96,7 +96,11 @@ DEFAULT_VARIANTS = ("json", "unconstrained", "json-off")
 ENGINE_VARIANTS = {"on": ("json", "unconstrained"), "off": ("json-off",), "inline": ("json-inline",)}
 ENGINE_ENV = {"on": {}, "off": {}, "inline": {"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "0"}}
 JSON_VARIANTS = ("json", "json-inline")  # plugin on: its stats file is read around these rounds
-PHASE_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "unhidden_s", "mask_timeouts")
+# the plugin's stats file: per-step phases, mask time-limit hits, and the scheduler thread's share (sched: what the
+# grammar calls cost it; join_wait: the part spent waiting for the grammar thread; helper_gil: the grammar thread's
+# CPU time outside its GIL-free call); older result files lack the last three (read as 0)
+PHASE_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "unhidden_s", "mask_timeouts", "sched_s", "join_wait_s",
+              "helper_gil_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,8 +237,8 @@ def phases_per_step(delta: Dict[str, float], requests: int) -> Optional[Dict[str
     steps = delta.get("steps") or 0
     if steps <= 0:
         return None
-    out = {k.replace("_s", "_ms"): delta[k] / steps * 1e3 for k in ("advance_s", "tree_wait_s", "mask_s",
-                                                                    "unhidden_s")}
+    out = {k[:-2] + "_ms": (delta.get(k) or 0.0) / steps * 1e3
+           for k in ("advance_s", "tree_wait_s", "mask_s", "unhidden_s", "sched_s", "join_wait_s", "helper_gil_s")}
     out["steps"] = steps
     out["mask_timeouts_per_request"] = delta["mask_timeouts"] / requests if requests else 0.0
     return out
@@ -252,7 +256,7 @@ def summarize_cell(rounds: Sequence[Dict[str, Any]], phases: Sequence[Dict[str, 
     su = summarize_steps([s for r in rounds for s in r["steps"]])
     accept = _median([r["accept_len"] for r in rounds])
     per_round = [r["ms_step"] for r in rounds if r["ms_step"] is not None]
-    total = {k: sum(p[k] for p in phases) for k in PHASE_KEYS} if phases else None
+    total = {k: sum(p.get(k) or 0 for p in phases) for k in PHASE_KEYS} if phases else None
     requests = sum(r.get("requests", 0) for r in rounds)
     ms_step, mean = su.get("step_ms"), su.get("step_ms_mean")
     return {

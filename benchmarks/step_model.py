@@ -57,6 +57,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GPU_FILES = tuple(RESULTS / f"gpu_constrained_cuda_0.5.16_h200_{s}.json"
                   for s in ("topk1", "topk1_inline", "topk4", "topk4_inline"))
+# the new path measured on the H200 (2026-11-26, bench-paths): its `json` variant is this checkout's default path
+NEW_GPU_FILES = (RESULTS / "gpu_constrained_cuda_0.5.16_h200_paths.json",)
 BUDGET = RESULTS / "scheduler_budget_0.5.16_step_model.json"
 MEASURED_REV = "before"  # the budget file's path holding the revision the H200 measured (a4e4bca, forced drafts off)
 NEW_PATH = "thread"  # this checkout's default path
@@ -86,6 +88,24 @@ def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]
         elif variant == "json-inline":
             c["inline"] = statistics.median(s[0] for s in steps)
     return {k: v for k, v in cells.items() if "G" in v and "R" in v}
+
+
+def new_path_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]:
+    """Per cell, from H200 runs of the new path (``json`` = the default path of the code they ran): ``G_run`` (that
+    run's own unconstrained median step) and ``new`` (the new path's median step), full-batch records pooled."""
+    pooled: Dict[Tuple[str, int, str], List[float]] = {}
+    for res in results:
+        for raw in res.get("raw", []):
+            if raw["variant"] not in ("json", "unconstrained"):
+                continue
+            key = (raw["shape"], int(raw["bs"]), raw["variant"])
+            for rnd in raw["rounds"]:
+                pooled.setdefault(key, []).extend(s[0] for s in rnd["steps"] if int(s[3]) == int(raw["bs"]))
+    out: Dict[Cell, Dict[str, float]] = {}
+    for (spec, bs, variant), steps in pooled.items():
+        if steps:
+            out.setdefault((spec, bs), {})["G_run" if variant == "unconstrained" else "new"] = statistics.median(steps)
+    return {k: v for k, v in out.items() if "G_run" in v and "new" in v}
 
 
 def cpu_cells(budget: Dict[str, Any], paths: Sequence[str]) -> Dict[Cell, Dict[str, float]]:
@@ -131,11 +151,14 @@ def fit_k(r_gpu: float, r_here: float) -> float:
 
 
 def evaluate(gpu: Dict[Cell, Dict[str, float]], cpu: Dict[Cell, Dict[str, float]], fit_cell: Cell,
-             measured: str = MEASURED_REV, new: str = NEW_PATH, bound: Optional[str] = BOUND_PATH) -> Dict[str, Any]:
+             measured: str = MEASURED_REV, new: str = NEW_PATH, bound: Optional[str] = BOUND_PATH,
+             new_gpu: Optional[Dict[Cell, Dict[str, float]]] = None) -> Dict[str, Any]:
     """Fit ``k`` on ``fit_cell``; per cell: the ``run_batch`` check, the measured revision's step against the H200's
     median (both out of sample everywhere but the fit cell's ``run_batch``), the new path's prediction and margin, and
     with ``bound`` the same for that path's (b) (module docstring: the new path with none of its native call
-    overlapped)."""
+    overlapped). With ``new_gpu`` (:func:`new_path_cells`), the new path's prediction is checked against its H200
+    measurement: the predicted overhead over G carried to that run's own unconstrained step, against the measured
+    step (``new_error``; out of sample on every cell: nothing of that run went into the fit)."""
     if fit_cell not in gpu or fit_cell not in cpu:
         raise ValueError(f"fit cell {fit_cell} needs both an H200 measurement and this machine's CPU terms")
     k = fit_k(gpu[fit_cell]["R"], cpu[fit_cell]["r"])
@@ -155,6 +178,10 @@ def evaluate(gpu: Dict[Cell, Dict[str, float]], cpu: Dict[Cell, Dict[str, float]
             pred = predict(g["G"], k, c["a"], b_new)
             row.update(b_new=b_new, pred_new=pred, pred_new_over_G=pred / g["G"] - 1,
                        margin_ms=margin(g["G"], k, c["a"], b_new))
+            m = (new_gpu or {}).get(cell)
+            if m is not None:
+                row.update(new_measured=m["new"], new_measured_over_G=m["new"] / m["G_run"] - 1,
+                           new_error=(pred / g["G"]) * m["G_run"] / m["new"] - 1)
         b_bound = c.get(f"b_{bound}") if bound else None
         if b_bound is not None:
             pred = predict(g["G"], k, c["a"], b_bound)
@@ -169,8 +196,10 @@ def evaluate(gpu: Dict[Cell, Dict[str, float]], cpu: Dict[Cell, Dict[str, float]
         by_fit.append({"spec": cell[0], "bs": cell[1], "k": kc, "min_margin_ms": min(margins) if margins else None})
     r_oos = [abs(r["R_error"]) for r in rows if not r["fit"]]
     s_oos = [abs(r["step_error"]) for r in rows if "step_error" in r]
+    n_oos = [abs(r["new_error"]) for r in rows if "new_error" in r]
     return {"k": k, "fit_cell": list(fit_cell), "rows": rows, "by_fit_cell": by_fit,
             "max_R_error": max(r_oos) if r_oos else None, "max_step_error": max(s_oos) if s_oos else None,
+            "max_new_error": max(n_oos) if n_oos else None,
             "max_new_over_G": max((r["pred_new_over_G"] for r in rows if "pred_new_over_G" in r), default=None),
             "max_bound_over_G": max((r["pred_bound_over_G"] for r in rows if "pred_bound_over_G" in r),
                                     default=None)}
@@ -196,12 +225,16 @@ def markdown(res: Dict[str, Any]) -> str:
         f"(`{src['new']}`) is PREDICTED: largest predicted overhead over unconstrained "
         f"**{pct(res['max_new_over_G'])}**"
         + (f", **{pct(res.get('max_bound_over_G'))}** with none of its native call overlapped (`{src['bound']}`'s "
-           f"(b))" if res.get("max_bound_over_G") is not None else "") + ".",
+           f"(b))" if res.get("max_bound_over_G") is not None else "") + "."
+        + (f" Against the new path's H200 measurement ({src.get('new_gpu', '')}, each cell over its own run's "
+           f"unconstrained step): largest error **{pct(res['max_new_error'])[1:]}**."
+           if res.get("max_new_error") is not None else ""),
         "",
         "| EAGLE3 | bs | G: unconstrained ms (H200) | run_batch ms: H200 / k x here | error | measured rev.: H200 ms "
         "(over G) | predicted ms | error | new path PREDICTED ms (over G) | margin ms | no overlap: PREDICTED ms "
-        "(over G) | margin ms | a / b new / b no overlap ms here |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "(over G) | margin ms | a / b new / b no overlap ms here | new path MEASURED ms (over its run's unc.) | "
+        "error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["rows"]:
         lines.append(
@@ -210,7 +243,8 @@ def markdown(res: Dict[str, Any]) -> str:
             f"{ms(r.get('measured_step'))} ({pct(r.get('measured_over_G'))}) | {ms(r.get('pred_measured'))} | "
             f"{pct(r.get('step_error'))} | {ms(r.get('pred_new'))} ({pct(r.get('pred_new_over_G'))}) | "
             f"{ms(r.get('margin_ms'))} | {ms(r.get('pred_bound'))} ({pct(r.get('pred_bound_over_G'))}) | "
-            f"{ms(r.get('margin_bound_ms'))} | {ms(r['a'])} / {ms(r.get('b_new'))} / {ms(r.get('b_bound'))} |")
+            f"{ms(r.get('margin_bound_ms'))} | {ms(r['a'])} / {ms(r.get('b_new'))} / {ms(r.get('b_bound'))} | "
+            f"{ms(r.get('new_measured'))} ({pct(r.get('new_measured_over_G'))}) | {pct(r.get('new_error'))} |")
     fits = res.get("by_fit_cell") or []
     if fits:
         lines += ["", "The new path's smallest margin with k fitted on each cell in turn: " + "; ".join(
@@ -224,6 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", default=str(BUDGET), help="a bench_scheduler_budget result (SGLang 0.5.16)")
     ap.add_argument("--gpu", nargs="*", default=[str(p) for p in GPU_FILES], help="bench_gpu_constrained results")
+    ap.add_argument("--new-gpu", nargs="*", default=[str(p) for p in NEW_GPU_FILES],
+                    help="bench_gpu_constrained results of the new path (its `json` variant), to check the prediction")
     ap.add_argument("--fit", default="topk1,64", help="the one fit cell: spec,bs")
     ap.add_argument("--measured-rev", default=MEASURED_REV, help="the budget path of the revision the H200 measured")
     ap.add_argument("--new", default=NEW_PATH, help="the budget path of the new code")
@@ -234,11 +270,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gpu = gpu_cells([json.loads(Path(p).read_text()) for p in args.gpu])
     paths = list(dict.fromkeys(r["path"] for r in budget["runs"]))
     spec, bs = args.fit.split(",")
-    res = evaluate(gpu, cpu_cells(budget, paths), (spec, int(bs)), args.measured_rev, args.new, args.bound)
+    new_gpu = new_path_cells([json.loads(Path(p).read_text()) for p in args.new_gpu])
+    res = evaluate(gpu, cpu_cells(budget, paths), (spec, int(bs)), args.measured_rev, args.new, args.bound,
+                   new_gpu=new_gpu)
     res["sources"] = {"gpu": ", ".join(f"`{Path(p).name}`" for p in args.gpu), "cpu": Path(args.budget).name,
                       "sglang": budget["machine"]["sglang"], "measured": f"{args.measured_rev} = "
                       f"{budget.get('before')} (forced drafts {budget.get('before_forced') or 'default'})",
-                      "new": args.new, "bound": args.bound}
+                      "new": args.new, "bound": args.bound,
+                      "new_gpu": ", ".join(f"`{Path(p).name}`" for p in args.new_gpu)}
     md = markdown(res)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

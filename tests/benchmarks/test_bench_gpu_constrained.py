@@ -124,6 +124,10 @@ def test_summaries_rows_and_markdown(bench):
     assert on["ms_token"] == pytest.approx(67 / 6)  # what a request pays: the mean step over the accept length
     assert on["phases"]["advance_ms"] == pytest.approx(2.0) and on["phases"]["mask_ms"] == pytest.approx(1.0)
     assert on["phases"]["mask_timeouts_per_request"] == pytest.approx(1.0)
+    assert on["phases"]["join_wait_ms"] == 0.0  # a stats file without the scheduler-thread keys (older plugin)
+    thread = [dict(p, sched_s=0.04, join_wait_s=0.01, helper_gil_s=0.002) for p in ph]
+    ph_t = bench.summarize_cell(rounds, thread)["phases"]
+    assert (ph_t["sched_ms"], ph_t["join_wait_ms"], ph_t["helper_gil_ms"]) == pytest.approx((0.4, 0.1, 0.02))
     unc = bench.summarize_cell([rnd([8.0], accept=2.0)], [])
     assert unc["ms_token"] == pytest.approx(4.0)
     off = bench.summarize_cell([rnd([23.0])], [])

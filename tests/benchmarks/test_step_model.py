@@ -240,3 +240,28 @@ def test_each_path_sets_the_switches_it_names_and_before_keeps_its_revisions_def
     assert sb.path_switches("thread-noforced") == (False, True)
     assert sb.path_switches("inline") == (None, False)
     assert sb.path_switches("inline-forced") == (True, False)
+
+
+def test_the_new_path_prediction_is_checked_against_its_own_gpu_run(sm):
+    """A GPU run of the new path (its ``json`` variant, next to its own unconstrained one) checks the prediction: the
+    predicted overhead over G is carried to that run's unconstrained step and compared with the measured step; only
+    full-batch records count, and the run's other variants (the inline engine's) are not read as the new path."""
+    gpu, cpu = _world(sm, k_true=0.5)
+    for c in cpu.values():
+        c["b_thread"] = 0.1
+    raw = [{"shape": "topk1", "bs": 8, "variant": "unconstrained", "rounds": [{"steps": [[7.5, 0, 2, 8], [7.5, 0, 2, 8]]}]},
+           {"shape": "topk1", "bs": 8, "variant": "json", "rounds": [{"steps": [[8.25, 0, 2, 8], [40.0, 0, 2, 7]]}]},
+           {"shape": "topk1", "bs": 8, "variant": "json-inline", "rounds": [{"steps": [[99.0, 0, 2, 8]]}]},
+           {"shape": "topk4", "bs": 64, "variant": "json", "rounds": [{"steps": [[30.0, 0, 2, 64]]}]}]
+    new_gpu = sm.new_path_cells([{"raw": raw}])
+    assert new_gpu == {("topk1", 8): {"G_run": 7.5, "new": 8.25}}  # topk4 bs 64 has no unconstrained run: no cell
+    res = sm.evaluate(gpu, cpu, ("topk1", 64), new="thread", new_gpu=new_gpu)
+    rows = {(r["spec"], r["bs"]): r for r in res["rows"]}
+    r = rows[("topk1", 8)]  # predicted at G (hidden): +0 %; measured +10 % over its run's unconstrained step
+    assert r["pred_new_over_G"] == pytest.approx(0.0)
+    assert r["new_measured_over_G"] == pytest.approx(0.1) and r["new_error"] == pytest.approx(1 / 1.1 - 1)
+    assert res["max_new_error"] == pytest.approx(1 - 1 / 1.1)
+    assert "new_error" not in rows[("topk4", 64)]
+    md = sm.markdown(dict(res, sources={"gpu": "g", "cpu": "c", "measured": "m", "new": "thread", "bound": "inline",
+                                        "new_gpu": "`p.json`"}))
+    assert "8.25 (+10.0 %) | -9.1 % |" in md and "largest error **9.1 %**" in md
