@@ -14,6 +14,7 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 | ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the step's native call (the previous batch's runs fed, the tree mask \
 walked) runs on a grammar thread started before the target-verify launch, joined before sampling; ``0``: inline on the \
 scheduler thread after the launch | 1 |
+| ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH`` | with the grammar thread on, a verify batch of fewer grammar requests than this runs its grammar work inline (a hand-off costs more than one request's native call) | 2 |
 | ``SGLANG_EAGLE_OVERLAP_NATIVE`` | ``1``: the batch's xgrammar calls (tree walk, ledger feed) go through the plugin's native module, built on first use with the system C++ compiler; a failed build is an error; ``0``: Python only; unset: ``auto``, native when it builds (a warning otherwise) | auto |
 | ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only; unset: ``auto``, on for STANDALONE only | auto |
 """
@@ -24,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Type, Union
 
-__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings",
+__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings",
            "SettingsError", "default_mask_threads"]
 
 ENV = {
@@ -35,6 +36,7 @@ ENV = {
     "log_interval_s": "SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S",
     "timeline_file": "SGLANG_EAGLE_OVERLAP_TIMELINE_FILE",
     "grammar_thread": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD",
+    "grammar_thread_min_batch": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
     "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
 }
@@ -53,8 +55,15 @@ DEFAULT_FORCED_DRAFTS: Optional[bool] = None
 # bs 64 fell to 0.28-0.33x of ce5faff's, against 0.46-0.52x inline. The thread design the H200 measured slower than
 # inline (README "GPU benchmark": +4.4-24.5 % against +0.2-3.7 % over unconstrained) ran the barrier's and the walk's
 # Python on the helper, which then waited for the GIL after each native call (benchmarks/bench_gil_convoy.py); this
-# one crosses into Python twice per step. Not yet measured on a GPU.
+# one crosses into Python twice per step. On the H200 (2026-11-26, README "GPU benchmark", one run with the inline path
+# in its own engine) it was +1.7 % to +4.0 % over unconstrained at the median step at bs 8-64, as inline was (+1.5 % to
+# +8.9 %), and worse than inline at bs 1: +9.3 % / +20.3 % (topk 1 / topk 4) against +4.1 % / +3.6 %.
 DEFAULT_GRAMMAR_THREAD = True
+# Hence the smallest verify batch (grammar requests) whose native call goes to the grammar thread: a batch of one runs
+# inline. At bs 1 the call is ~0.1-0.3 ms of GIL-free work and hides under the GPU's step either way, while the hand-off
+# (the helper's wake-up and GIL round trips next to the scheduler thread's Python) is what the H200 measured at bs 1.
+# Chosen from that one run (one round per cell); bs 2-8 was not separated from noise there.
+DEFAULT_GRAMMAR_THREAD_MIN_BATCH = 2
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 
@@ -79,6 +88,7 @@ class Settings:
     log_interval_s: float = 30.0
     timeline_file: Optional[str] = None
     grammar_thread: bool = DEFAULT_GRAMMAR_THREAD
+    grammar_thread_min_batch: int = DEFAULT_GRAMMAR_THREAD_MIN_BATCH
     forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
     native: Optional[bool] = None  # None: auto (native when it builds), True: required, False: Python only
 
@@ -113,6 +123,9 @@ class Settings:
         limit_raw = get("mask_time_limit_ms")
         limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
         grammar_thread = flag("grammar_thread", DEFAULT_GRAMMAR_THREAD)
+        min_batch_raw = get("grammar_thread_min_batch")
+        min_batch = (DEFAULT_GRAMMAR_THREAD_MIN_BATCH if not min_batch_raw
+                     else _number(ENV["grammar_thread_min_batch"], min_batch_raw, int, 1))
         forced_drafts = optional_flag("forced_drafts")
         native = optional_flag("native")
         interval_raw = get("log_interval_s")
@@ -125,6 +138,7 @@ class Settings:
             log_interval_s=float(interval),
             timeline_file=get("timeline_file") or None,
             grammar_thread=grammar_thread,
+            grammar_thread_min_batch=int(min_batch),
             forced_drafts=forced_drafts,
             native=native,
         )

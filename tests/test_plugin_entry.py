@@ -135,6 +135,13 @@ def test_settings_are_read_once_into_one_object():
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "0"}).grammar_thread is False
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "maybe"})
+    # a batch of one runs inline by default (the H200's bs-1 cells); any minimum >= 1 can be set, 0 or text cannot
+    assert d.grammar_thread_min_batch == 2
+    assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH": "1"}).grammar_thread_min_batch == 1
+    assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH": " 8 "}).grammar_thread_min_batch == 8
+    for bad in ("0", "two", "1.5"):
+        with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH"):
+            Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH": bad})
     # the default is the one the settings table documents
     import sglang_eagle_overlap.settings as settings_mod
 

@@ -9,7 +9,7 @@
 #    without its 1.1 GB FlashAttention-3 object);
 # 3. prune what a Llama + EAGLE3 run with triton attention never loads (lib.sh: prune_site);
 # 4. OUT_DIR/site.tar.xz (xz -6) + OUT_DIR/extra/*.whl (extra-0.5.16-py312.txt) + OUT_DIR/MANIFEST (pins, sha256).
-#    Measured for 0.5.16 (2026-11-23): site.tar.xz 47.8 MB + wheels 14.4 MB = 59.4 MiB; ~460 MB downloaded, 251 MB
+#    Measured for 0.5.16 (2026-11-26): site.tar.xz 42.7 MB + wheels 14.4 MB = 54.5 MiB; ~460 MB downloaded, 251 MB
 #    unpacked after pruning; ~3 min of xz on 2 cores.
 # scripts/gpu/run.sh unpacks and uses it there. Keep OUT_DIR out of git (.gitignore: scripts/gpu/archive/).
 set -euo pipefail

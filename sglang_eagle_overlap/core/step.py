@@ -236,6 +236,7 @@ class GrammarStep:
         log_interval_s: float = 30.0,
         state: Optional[Callable[[], Mapping[str, StatValue]]] = None,
         grammar_thread: bool = False,
+        grammar_thread_min_batch: int = 1,
         forced: Optional[ForcedDrafts] = None,
         native: Optional[Callable[[], Optional[NativeGrammar]]] = None,
     ) -> None:
@@ -258,6 +259,8 @@ class GrammarStep:
         self._last_log = float("-inf")
         # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
         self.grammar_thread = grammar_thread
+        # a batch of fewer grammar requests runs inline even with the thread on (Settings.grammar_thread_min_batch)
+        self.grammar_thread_min_batch = max(1, grammar_thread_min_batch)
         self._thread: Optional[_GrammarThread] = None
         # Grammar-forced drafts (issue 19): filled during the build, uploaded with the mask; None = off.
         self.forced = forced
@@ -448,13 +451,18 @@ class GrammarStep:
         build's preparation (rows sorted, buffer taken); then the grammar thread waits for the previous result, the
         tree and the previous upload (GIL-free device-event waits) and makes the step's one native call (feeds and
         walk, GIL-free); :meth:`finish_build` joins it. Where the native walk does not apply (no native module,
-        forced drafts, a matcher subclass), the work runs inline in :meth:`finish_build`."""
+        forced drafts, a matcher subclass), or the batch has fewer requests than ``grammar_thread_min_batch``
+        (counted as ``small_batch_inline_steps``), the work runs inline in :meth:`finish_build`."""
         t0 = time.perf_counter()
         self._settle_open()
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=allow_timeout and self._may_time_out(), forced=self.forced is not None)
         builder = self.builder
-        if self.grammar_thread and not job.forced and builder.native is not None:
+        threaded = self.grammar_thread and not job.forced and builder.native is not None
+        if threaded and len(requests) < self.grammar_thread_min_batch:
+            threaded = False  # a hand-off costs more than this batch's native call: inline at finish_build
+            self.stats.count("small_batch_inline_steps")
+        if threaded:
             self._collect(job)
             plan = job.ledger_plan
             assert plan is not None

@@ -147,6 +147,42 @@ def test_threaded_mask_is_the_inline_mask_the_barrier_on_the_caller_the_native_c
         thread_step.close()
 
 
+@pytest.mark.parametrize("bs, min_batch, helper", [(1, 2, False), (2, 2, True), (3, 4, False), (1, 1, True)])
+def test_a_batch_below_the_min_batch_runs_inline_with_the_same_mask_and_feeds(bs, min_batch, helper, monkeypatch):
+    """``grammar_thread_min_batch``: a verify batch of fewer grammar requests makes its native call on the scheduler
+    thread (counted as ``small_batch_inline_steps``), one of at least that many on the helper; either way the mask,
+    the outcomes and the exactly-once feeds are the inline path's."""
+    w = World(5, bs=bs)
+    calls = []
+    orig = NativeGrammar.step_call
+
+    def step_call(self, *a, **k):
+        call = orig(self, *a, **k)
+
+        def recorded():
+            calls.append(threading.get_ident())
+            return call()
+
+        return recorded
+
+    monkeypatch.setattr(NativeGrammar, "step_call", step_call)
+    inline_step, step = _step(False), _step(True, grammar_thread_min_batch=min_batch)
+    try:
+        m_in, m_th = w.matchers(), w.matchers()
+        mask_in, _, out_in, _ = _run(inline_step, w, m_in, threaded=False)
+        mask_th, _, out_th, _ = _run(step, w, m_th, threaded=True)
+        assert torch.equal(mask_in, mask_th) and (mask_th != -1).any()
+        assert out_in == out_th and _same_states(m_in, m_th)
+        assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
+        me = threading.get_ident()
+        assert len(calls) == 2 and calls[0] == me and (calls[1] != me) is helper
+        counters = step.stats.counters
+        assert counters.get("thread_steps", 0) == int(helper)
+        assert counters.get("small_batch_inline_steps", 0) == int(not helper)
+    finally:
+        step.close()
+
+
 def test_the_runs_are_queued_at_start_and_fed_by_the_helper_not_before():
     """Between start_build and the join nothing has been recorded in the ledger (the scheduler thread launches the
     verify there), the result's tokens were never read as Python lists, and after the join every run is recorded."""
