@@ -101,18 +101,9 @@ def _run(step: GrammarStep, w: World, ms, threaded: bool, *, between=None, resul
     return out.device_mask.clone(), barrier_threads, outcomes, out
 
 
-def _states(ms):
-    return [(next_token_bitmask(m, VOCAB), m.is_terminated()) for m in ms]
-
-
-def _same_states(a, b) -> bool:
-    return all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(_states(a), _states(b)))
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_threaded_mask_is_the_inline_mask_the_barrier_on_the_caller_the_native_call_on_the_helper(seed, monkeypatch):
-    w = World(seed)
-    calls = []  # threads that made a native call
+def _record_native_calls(monkeypatch) -> list:
+    """The ids of the threads that make each native step call from now on, in call order."""
+    calls: list = []
     orig = NativeGrammar.step_call
 
     def step_call(self, *a, **k):
@@ -125,6 +116,21 @@ def test_threaded_mask_is_the_inline_mask_the_barrier_on_the_caller_the_native_c
         return recorded
 
     monkeypatch.setattr(NativeGrammar, "step_call", step_call)
+    return calls
+
+
+def _states(ms):
+    return [(next_token_bitmask(m, VOCAB), m.is_terminated()) for m in ms]
+
+
+def _same_states(a, b) -> bool:
+    return all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(_states(a), _states(b)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_threaded_mask_is_the_inline_mask_the_barrier_on_the_caller_the_native_call_on_the_helper(seed, monkeypatch):
+    w = World(seed)
+    calls = _record_native_calls(monkeypatch)  # threads that made a native call
     inline_step, thread_step = _step(False), _step(True)
     try:
         m_in, m_th = w.matchers(), w.matchers()
@@ -153,19 +159,7 @@ def test_a_batch_below_the_min_batch_runs_inline_with_the_same_mask_and_feeds(bs
     thread (counted as ``small_batch_inline_steps``), one of at least that many on the helper; either way the mask,
     the outcomes and the exactly-once feeds are the inline path's."""
     w = World(5, bs=bs)
-    calls = []
-    orig = NativeGrammar.step_call
-
-    def step_call(self, *a, **k):
-        call = orig(self, *a, **k)
-
-        def recorded():
-            calls.append(threading.get_ident())
-            return call()
-
-        return recorded
-
-    monkeypatch.setattr(NativeGrammar, "step_call", step_call)
+    calls = _record_native_calls(monkeypatch)
     inline_step, step = _step(False), _step(True, grammar_thread_min_batch=min_batch)
     try:
         m_in, m_th = w.matchers(), w.matchers()
