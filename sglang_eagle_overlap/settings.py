@@ -60,9 +60,10 @@ DEFAULT_FORCED_DRAFTS: Optional[bool] = None
 # +8.9 %), and worse than inline at bs 1: +9.3 % / +20.3 % (topk 1 / topk 4) against +4.1 % / +3.6 %.
 DEFAULT_GRAMMAR_THREAD = True
 # Hence the smallest verify batch (grammar requests) whose native call goes to the grammar thread: a batch of one runs
-# inline. At bs 1 the call is ~0.1-0.3 ms of GIL-free work and hides under the GPU's step either way, while the hand-off
-# (the helper's wake-up and GIL round trips next to the scheduler thread's Python) is what the H200 measured at bs 1.
-# Chosen from that one run (one round per cell); bs 2-8 was not separated from noise there.
+# inline. At bs 1 the call is ~0.1-0.3 ms of GIL-free work and hides under the GPU's step either way, while the thread
+# path costs 0.35-1.2 ms more there (the H200 did not separate its causes: the work it runs before the verify launch,
+# exposed when the draft is short, or the hand-off's GIL round trips). Chosen from that one run (one round per cell);
+# bs 2-8 was not separated from noise there.
 DEFAULT_GRAMMAR_THREAD_MIN_BATCH = 2
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
