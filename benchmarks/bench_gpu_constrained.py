@@ -237,8 +237,7 @@ def phases_per_step(delta: Dict[str, float], requests: int) -> Optional[Dict[str
     steps = delta.get("steps") or 0
     if steps <= 0:
         return None
-    out = {k[:-2] + "_ms": (delta.get(k) or 0.0) / steps * 1e3
-           for k in ("advance_s", "tree_wait_s", "mask_s", "unhidden_s", "sched_s", "join_wait_s", "helper_gil_s")}
+    out = {k[:-2] + "_ms": (delta.get(k) or 0.0) / steps * 1e3 for k in PHASE_KEYS if k.endswith("_s")}
     out["steps"] = steps
     out["mask_timeouts_per_request"] = delta["mask_timeouts"] / requests if requests else 0.0
     return out

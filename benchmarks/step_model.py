@@ -67,20 +67,24 @@ BOUND_PATH = "inline"  # the same native call made on the scheduler thread: the 
 Cell = Tuple[str, int]
 
 
-def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]:
-    """Per cell, medians over the full-batch step records ``[step_ms, grammar_ms, run_batch_ms, bs, ...]`` of the H200
-    runs: ``G`` (unconstrained step), ``R`` (unconstrained ``run_batch`` ms) and ``inline`` (the plugin's inline path,
-    ``json-inline``). A variant measured in several runs pools their records."""
+def full_batch_records(results: Sequence[Dict[str, Any]]) -> Dict[Tuple[str, int, str], List[List[float]]]:
+    """Per (shape, bs, variant), the step records ``[step_ms, grammar_ms, run_batch_ms, bs, ...]`` of every round whose
+    batch held all ``bs`` requests, pooled over the runs given; a variant without such a record is left out."""
     pooled: Dict[Tuple[str, int, str], List[List[float]]] = {}
     for res in results:
         for raw in res.get("raw", []):
             key = (raw["shape"], int(raw["bs"]), raw["variant"])
             for rnd in raw["rounds"]:
                 pooled.setdefault(key, []).extend(s for s in rnd["steps"] if int(s[3]) == int(raw["bs"]))
+    return {k: v for k, v in pooled.items() if v}
+
+
+def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]:
+    """Per cell, medians over the full-batch step records of the H200 runs: ``G`` (unconstrained step), ``R``
+    (unconstrained ``run_batch`` ms) and ``inline`` (the plugin's inline path, ``json-inline``). A variant measured in
+    several runs pools their records."""
     cells: Dict[Cell, Dict[str, float]] = {}
-    for (spec, bs, variant), steps in pooled.items():
-        if not steps:  # no full-batch record of this variant
-            continue
+    for (spec, bs, variant), steps in full_batch_records(results).items():
         c = cells.setdefault((spec, bs), {})
         if variant == "unconstrained":
             c["G"] = statistics.median(s[0] for s in steps)
@@ -93,18 +97,11 @@ def gpu_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]
 def new_path_cells(results: Sequence[Dict[str, Any]]) -> Dict[Cell, Dict[str, float]]:
     """Per cell, from H200 runs of the new path (``json`` = the default path of the code they ran): ``G_run`` (that
     run's own unconstrained median step) and ``new`` (the new path's median step), full-batch records pooled."""
-    pooled: Dict[Tuple[str, int, str], List[float]] = {}
-    for res in results:
-        for raw in res.get("raw", []):
-            if raw["variant"] not in ("json", "unconstrained"):
-                continue
-            key = (raw["shape"], int(raw["bs"]), raw["variant"])
-            for rnd in raw["rounds"]:
-                pooled.setdefault(key, []).extend(s[0] for s in rnd["steps"] if int(s[3]) == int(raw["bs"]))
+    names = {"unconstrained": "G_run", "json": "new"}
     out: Dict[Cell, Dict[str, float]] = {}
-    for (spec, bs, variant), steps in pooled.items():
-        if steps:
-            out.setdefault((spec, bs), {})["G_run" if variant == "unconstrained" else "new"] = statistics.median(steps)
+    for (spec, bs, variant), steps in full_batch_records(results).items():
+        if variant in names:
+            out.setdefault((spec, bs), {})[names[variant]] = statistics.median(s[0] for s in steps)
     return {k: v for k, v in out.items() if "G_run" in v and "new" in v}
 
 
