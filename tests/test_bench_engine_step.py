@@ -104,17 +104,18 @@ def test_step_clock_records_only_decode_to_decode_intervals():
 
     assert len(sc.steps) == 2
     # without a tensor-op timer the device work is the forward alone, and no op is counted
-    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 1.0, 5.0, 5.0, 0.0, 0.0])
-    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert sc.steps[0] == pytest.approx([30.0, 2.0, 10.0, 8.0, 1.0, 5.0, 5.0, 0.0, 0.0, 0.0])
+    assert sc.steps[1] == pytest.approx([40.0, 0.0, 0.0, 16.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
 
 class _Ops:
-    """The op timer's side of a step record, set by hand (``StepClock`` reads ``device_s``, ``count``, ``calls`` and
-    ``overhead_s``)."""
+    """The op timer's side of a step record, set by hand (``StepClock`` reads ``device_s``, ``count``, ``calls``,
+    ``grammar_calls`` and ``overhead_s``)."""
 
     device_s = 0.0
     count = 0
     calls = 0
+    grammar_calls = 0
     overhead_s = 2e-6
 
 
@@ -125,13 +126,14 @@ def test_step_clock_adds_the_op_timers_device_share_to_the_forward():
     ops = _Ops()
     sc = step_times.StepClock(timer, clock, forward=forward, ops=ops)
     fwd = forward.wrap(lambda dt: setattr(clock, "t", clock.t + dt))
-    ops.device_s, ops.count, ops.calls = 0.5, 100, 400  # before the first decode launch: not this step's
+    ops.device_s, ops.count, ops.calls, ops.grammar_calls = 0.5, 100, 400, 10  # before the first decode launch
     sc.launch(is_decode=True, bs=4)
     fwd(0.004)
-    ops.device_s, ops.count, ops.calls = 0.503, 130, 900  # 3 ms of device work in 30 ops, 500 calls x 2 us probe
+    # 3 ms of device work in 30 ops, 500 calls x 2 us probe, 100 of them inside grammar regions
+    ops.device_s, ops.count, ops.calls, ops.grammar_calls = 0.503, 130, 900, 110
     clock.t += 0.010
     assert sc.launch(is_decode=True, bs=4) is True
-    assert sc.steps[-1] == pytest.approx([14.0, 0.0, 0.0, 4.0, 1.0, 4.0, 7.0, 30.0, 1.0])
+    assert sc.steps[-1] == pytest.approx([14.0, 0.0, 0.0, 4.0, 1.0, 4.0, 7.0, 30.0, 1.0, 0.2])
 
 
 def _op_timer():
@@ -165,6 +167,7 @@ def test_tensor_op_timer_splits_dispatch_from_device_work():
     t._call(op, (0.5,), {})
     assert t.device_s == pytest.approx(0.010) and t.count == 2
     assert t.calls == 4  # the calls whose probe cost lands in the scheduler thread's CPU time
+    assert t.grammar_calls == 1  # ... and the one of them whose cost lands in the grammar time
 
 
 def test_tensor_op_timer_counts_a_kernel_as_one_op():

@@ -132,11 +132,15 @@ def test_budget_summary_of_a_cell(sb):
     steps = [[10.0, 2.0, 8.0, 8, 1.0, 6.0], [12.0, 3.0, 9.0, 8, 1.0, 7.0], [14.0, 4.0, 9.0, 8, 1.0, 7.0],
              [99.0, 9.0, 9.0, 7, 1.0, 1.0]]
     s = sb.cell_summary(steps, 8)
-    assert s == {"n": 3, "step_ms": 12.0, "forward_ms": 7.0, "cpu_ms": 5.0, "grammar_ms": 3.0}
+    assert s == {"n": 3, "step_ms": 12.0, "forward_ms": 7.0, "cpu_ms": 5.0, "grammar_ms": 3.0, "grammar_raw_ms": 3.0}
     # records with the device split: the CPU is step - device - probe, run_batch's CPU run_batch - device - probe
     dev = sb.cell_summary([[10.0, 2.0, 8.0, 8, 1.0, 4.0, 6.0, 40, 0.5], [12.0, 3.0, 9.0, 8, 1.0, 5.0, 7.0, 50, 1.0]], 8)
-    assert dev == {"n": 2, "step_ms": 11.0, "forward_ms": 4.5, "cpu_ms": 3.75, "grammar_ms": 2.5, "device_ms": 6.5,
-                   "tensor_ops": 45, "probe_ms": 0.75, "run_cpu_ms": 1.25}
+    assert dev == {"n": 2, "step_ms": 11.0, "forward_ms": 4.5, "cpu_ms": 3.75, "grammar_ms": 2.5,
+                   "grammar_raw_ms": 2.5, "device_ms": 6.5, "tensor_ops": 45, "probe_ms": 0.75, "run_cpu_ms": 1.25}
+    # records with the probe's cost inside the grammar regions: the grammar time is taken without it
+    net = sb.cell_summary([[10.0, 2.0, 8.0, 8, 1.0, 4.0, 6.0, 40, 0.5, 0.25],
+                           [12.0, 3.0, 9.0, 8, 1.0, 5.0, 7.0, 50, 1.0, 0.75]], 8)
+    assert net["grammar_ms"] == 2.0 and net["grammar_raw_ms"] == 2.5 and net["cpu_ms"] == 3.75
     assert sb.cell_summary(steps, 64) == {"n": 0}
     unc = sb.cell_summary([[8.0, 0.0, 6.0, 8, 0.0, 6.0]], 8)  # a = 2
     b = sb.budget(unc, s, {"helper_gil_ms": 0.5, "sched_ms": 40.0})

@@ -45,10 +45,12 @@ discover it without installing anything; both may run, the second install is a n
 Regions are timed on the scheduler thread only (the product plugin's grammar thread passes through untimed), and the
 plugin's stats-file write inside a region is not counted (instrumentation).
 
-Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms]``
-(``grammar`` 1.0 when the step's batch held a grammar request, else 0.0; ``device_ms`` = forward + the device share of
-the other tensor ops; ``tensor_ops`` how many such ops ran; ``probe_ms`` what the tensor-op timer itself cost the
-scheduler thread outside the forward: a measurement artefact, taken out with the device work). The file is JSON lines,
+Records are ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms,
+grammar_probe_ms]`` (``grammar`` 1.0 when the step's batch held a grammar request, else 0.0; ``device_ms`` = forward +
+the device share of the other tensor ops; ``tensor_ops`` how many such ops ran; ``probe_ms`` what the tensor-op timer
+itself cost the scheduler thread outside the forward: a measurement artefact, taken out with the device work;
+``grammar_probe_ms`` the part of it inside grammar regions, which ``grammar_ms`` includes: its torch calls pass
+through the timer's mode too; older records have nine fields). The file is JSON lines,
 only ever appended to (name a fresh path per engine), one flushed line per recorded step (one small write: a GPU run
 records thousands of steps, and rewriting a whole file per step would cost the scheduler thread milliseconds): a
 ``{"pid": ...}`` header per scheduler process and
@@ -211,14 +213,16 @@ def breakdown_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, list
 
 class StepClock:
     """Turns ``run_batch`` launches into decode-step records
-    ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms]``.
+    ``[step_ms, grammar_ms, run_batch_ms, bs, grammar, forward_ms, device_ms, tensor_ops, probe_ms,
+    grammar_probe_ms]``.
 
     Call :meth:`launch` when a batch is launched and :meth:`launched` when its ``run_batch`` returned. A step is
     recorded at a launch when both this launch and the previous one are decode steps (``is_decode=True``); its grammar
     time is the :class:`GrammarTimer` total accumulated between the two launches; ``bs`` and ``grammar`` are those of
     the previous launch (the batch whose step ends here); ``forward_ms`` the ``forward`` timer's total in the interval
     (0 without one); ``device_ms`` that plus the ``ops`` timer's device share in the interval, ``tensor_ops`` its op
-    count, ``probe_ms`` the ``ops`` timer's own cost in the interval (its calls x its per-call overhead).
+    count, ``probe_ms`` the ``ops`` timer's own cost in the interval (its calls x its per-call overhead) and
+    ``grammar_probe_ms`` the part of that inside grammar regions (their calls x the same overhead).
     """
 
     def __init__(self, timer: GrammarTimer, clock: Callable[[], float] = time.perf_counter,
@@ -227,7 +231,7 @@ class StepClock:
         self.forward = forward
         self.ops = ops
         self._fwd0 = 0.0
-        self._ops0: Tuple[float, int, float] = (0.0, 0, 0.0)
+        self._ops0: Tuple[float, int, float, float] = (0.0, 0, 0.0, 0.0)
         self._clock = clock
         # (launch t, grammar total, run_batch s, bs, grammar flag) of the last decode launch
         self._prev: Optional[tuple[float, float, float, int, bool]] = None
@@ -238,15 +242,16 @@ class StepClock:
         now = self._clock()
         recorded = False
         fwd = self.forward.total_s if self.forward is not None else 0.0
-        ops = (self.ops.device_s, self.ops.count, self.ops.calls * self.ops.overhead_s) if self.ops is not None \
-            else (0.0, 0, 0.0)
+        ops = (self.ops.device_s, self.ops.count, self.ops.calls * self.ops.overhead_s,
+               self.ops.grammar_calls * self.ops.overhead_s) if self.ops is not None else (0.0, 0, 0.0, 0.0)
         if self._prev is not None and is_decode:
             t0, g0, run_s, prev_bs, prev_grammar = self._prev
             if len(self.steps) < MAX_STEPS:
                 fwd_ms = (fwd - self._fwd0) * 1e3
                 self.steps.append([(now - t0) * 1e3, (self.timer.total_s - g0) * 1e3, run_s * 1e3, float(prev_bs),
                                    1.0 if prev_grammar else 0.0, fwd_ms, fwd_ms + (ops[0] - self._ops0[0]) * 1e3,
-                                   float(ops[1] - self._ops0[1]), (ops[2] - self._ops0[2]) * 1e3])
+                                   float(ops[1] - self._ops0[1]), (ops[2] - self._ops0[2]) * 1e3,
+                                   (ops[3] - self._ops0[3]) * 1e3])
                 recorded = True
         self._prev = (now, self.timer.total_s, 0.0, bs, grammar) if is_decode else None
         self._fwd0 = fwd
@@ -272,7 +277,8 @@ class TensorOpTimer:
     ``device_s`` sums ``time - dispatch_s`` over the timed ops (``dispatch_s``: this machine's cost of a one-element op,
     :meth:`calibrate`), ``count`` counts them. The mode itself costs every call outside the forward ``overhead_s``
     (measured by :meth:`calibrate`); ``calls`` counts those calls, so that the probe's own cost can be taken out of the
-    scheduler thread's CPU time (``probe_ms`` of a step record)."""
+    scheduler thread's CPU time (``probe_ms`` of a step record), and ``grammar_calls`` those inside a grammar region,
+    so that it can be taken out of the grammar time too (``grammar_probe_ms``)."""
 
     # host-side by nature: CPU work on a GPU host too (conversions, shape and attribute reads), never timed as device
     HOST = frozenset({"__get__", "__set__", "tolist", "item", "numpy", "__iter__", "__len__", "__bool__", "__int__",
@@ -289,6 +295,7 @@ class TensorOpTimer:
         self.device_s = 0.0
         self.count = 0
         self.calls = 0
+        self.grammar_calls = 0  # the part of ``calls`` made inside a grammar region
         self._mode: Any = None
         self._in_kernel = False
         self._owner = threading.get_ident()
@@ -297,7 +304,10 @@ class TensorOpTimer:
         if self._in_kernel or self._in_device():
             return func(*args, **kwargs)
         self.calls += 1
-        if self._in_grammar() or getattr(func, "__name__", "") in self.HOST:
+        if self._in_grammar():
+            self.grammar_calls += 1
+            return func(*args, **kwargs)
+        if getattr(func, "__name__", "") in self.HOST:
             return func(*args, **kwargs)
         return self._timed(func, args, kwargs)
 
@@ -394,7 +404,7 @@ class TensorOpTimer:
             adds.append(self.device_s - before)
         adds.sort()
         self.dispatch_s = adds[len(adds) // 2]
-        self.device_s, self.count, self.calls = 0.0, 0, 0
+        self.device_s, self.count, self.calls, self.grammar_calls = 0.0, 0, 0, 0
         return self.dispatch_s, self.overhead_s
 
 
