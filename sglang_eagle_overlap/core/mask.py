@@ -96,10 +96,11 @@ class HostGrammar(Protocol):
     def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class MaskRequest:
     """One batch row. ``matcher`` (an ``xgrammar.GrammarMatcher``) selects the native paths; else ``grammar`` is
-    walked generically; both None means unconstrained (rows stay all-allowed, zero cost)."""
+    walked generically; both None means unconstrained (rows stay all-allowed, zero cost). Immutable: an integration
+    hands the same row to every step of a request (``integration.requests.RequestView``)."""
 
     matcher: Optional[xgr.GrammarMatcher] = None
     grammar: Optional[HostGrammar] = None

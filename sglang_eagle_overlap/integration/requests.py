@@ -37,8 +37,11 @@ __all__ = [
     "mask_request_for",
     "mask_requests",
     "output_stride",
+    "VIEW_ATTR",
     "record_on_xgrammar",
+    "request_view",
     "RequestRun",
+    "RequestView",
     "result_rows",
     "settle_mask",
 ]
@@ -74,21 +77,59 @@ def innermost_grammar(grammar: Any) -> Any:
     return grammar
 
 
+class RequestView:
+    """A request's two tree-mask rows (constrained / unconstrained: immutable ``MaskRequest``s that every step's batch
+    shares), made from its grammar object once instead of at every step (issue 17: one ``MaskRequest`` per request per
+    step was the largest per-request piece before the verify launch), with what they were made from: the grammar and
+    its bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself (else None). Kept on the ``Req`` (attribute :data:`VIEW_ATTR`) by
+    :func:`request_view`, valid while the request holds the same grammar object and that grammar the same matcher (a
+    host that rebuilds or swaps either gets a new view at the next step). Holds no reference to the ``Req`` (no cycle; it goes with the request)."""
+
+    __slots__ = ("grammar", "matcher", "row", "free")
+
+    def __init__(self, req: Any, grammar: Any) -> None:
+        key = str(getattr(req, "rid", ""))
+        self.grammar = grammar
+        self.matcher = grammar.matcher if grammar is not None and is_xgrammar(grammar) else None
+        self.free = MaskRequest(None, None, key)
+        if grammar is None:
+            self.row = self.free
+        elif self.matcher is not None:
+            self.row = MaskRequest(self.matcher, None, key)
+        else:
+            self.row = MaskRequest(None, grammar, key)
+
+
+VIEW_ATTR = "_sglang_eo_view"
+
+
+def request_view(req: Any, grammar: Any) -> RequestView:
+    """``req``'s :class:`RequestView` for its current ``grammar`` (``req.grammar``, read by the caller): the one kept on
+    the request while its grammar and that grammar's matcher are the same objects, else a new one, kept."""
+    view = getattr(req, VIEW_ATTR, None)
+    if view is None or view.grammar is not grammar or (view.matcher is not None and
+                                                        view.matcher is not getattr(grammar, "matcher", None)):
+        view = RequestView(req, grammar)
+        try:
+            setattr(req, VIEW_ATTR, view)
+        except AttributeError:  # a request object that takes no new attribute: a fresh view each step, same rows
+            pass
+    return view
+
+
 def mask_request_for(req: Any) -> MaskRequest:
     """One batch row of the tree mask: unconstrained (no grammar, finished: SG#28986, or being aborted: its grammar is
     not called again and its tokens are discarded), the bare xgrammar matcher
     (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
-    (reasoning wrapper, other backends)."""
+    (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it."""
     grammar = getattr(req, "grammar", None)
-    rid = str(getattr(req, "rid", ""))
+    view = request_view(req, grammar)
     if grammar is None:
-        return MaskRequest(None, None, rid)
+        return view.free
     finished = getattr(req, "finished", None)
     if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
-        return MaskRequest(None, None, rid)
-    if is_xgrammar(grammar):
-        return MaskRequest(grammar.matcher, None, rid)
-    return MaskRequest(None, grammar, rid)
+        return view.free
+    return view.row
 
 
 def mask_requests(reqs: Sequence[Any]) -> MaskBatch:
@@ -148,13 +189,10 @@ def advance_rows_later(step: GrammarStep, rows: Sequence[RowRun], result: Result
                        count_replays: bool = False) -> None:
     """The runs of ``rows`` (:func:`result_rows`) of ``result`` through ``GrammarStep.advance_later``: inside a mask
     build's barrier they are queued without reading their tokens and fed by that build (with its tree walk, in one
-    native call), ``on_done`` getting the outcomes when the build is joined; elsewhere at once.
+    native call), ``on_done`` getting the outcomes when the build is joined; elsewhere at once. ``on_done`` None
+    (0.5.16's barrier): no outcome is handed back, post-processing asks again and is answered from the ledger.
     :func:`record_on_xgrammar` keeps SGLang's ``XGrammarGrammar`` record of runs fed to its bare matcher."""
-    step.advance_later(rows, result, on_done or _ignore, record_on_xgrammar, count_replays=count_replays)
-
-
-def _ignore(outcomes: List[AdvanceOutcome]) -> None:
-    """The barrier of 0.5.16 needs no outcome: post-processing asks again and is answered from the ledger."""
+    step.advance_later(rows, result, on_done, record_on_xgrammar, count_replays=count_replays)
 
 
 def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:

@@ -6,6 +6,7 @@ The batch is ``test_mask_failures.py``'s: three ``regex`` requests, one 5-node d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -110,7 +111,7 @@ def test_time_limit_is_logged_with_the_request(strategy, caplog):
     matchers, nxt, sib, tok = _setup()
     builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=1e-9)
     reqs = _reqs(matchers)
-    reqs[1].request_id = ""  # a request without an id is named by its row
+    reqs[1] = dataclasses.replace(reqs[1], request_id="")  # a request without an id is named by its row
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
         got = builder.build(reqs, nxt, sib, tok, VOCAB)
     assert got.timed_out, "a 1 ns limit cannot be met"

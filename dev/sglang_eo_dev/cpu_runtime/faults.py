@@ -33,6 +33,8 @@ the path it was meant for.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from typing import Any, Optional
 
@@ -147,13 +149,12 @@ def mask_request_for_around(original: Any, req: Any) -> Any:
         mode = "slow"
     if mode is None or (out.matcher is None and out.grammar is None):
         return out  # not marked, or unconstrained / finished: nothing to break
+    # a new row: the plugin's rows are shared by every step of the request (immutable)
     if mode.startswith("matcher-"):
         if out.matcher is not None:  # an xgrammar request: break it on the lockstep path
-            out.matcher = FaultyMatcher(out.matcher, mode[len("matcher-"):], rid)
+            return dataclasses.replace(out, matcher=FaultyMatcher(out.matcher, mode[len("matcher-"):], rid))
         return out
-    out.matcher = None
-    out.grammar = FaultyGrammar(req.grammar, mode, rid)
-    return out
+    return dataclasses.replace(out, matcher=None, grammar=FaultyGrammar(req.grammar, mode, rid))
 
 
 def _rank() -> int:
