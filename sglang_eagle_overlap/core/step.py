@@ -377,21 +377,24 @@ class GrammarStep:
         return _fed(plan, slots)
 
     def advance_later(self, rows: Sequence[RowRun], result: ResultRuns,
-                      on_done: Callable[[List[AdvanceOutcome]], None],
+                      on_done: Optional[Callable[[List[AdvanceOutcome]], None]],
                       on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None, *,
                       count_replays: bool = False) -> None:
         """:meth:`advance_many` of ``(key, grammar, start, matcher, row)``: the runs of those rows of ``result``, their
-        outcomes handed to ``on_done``. Called from a mask build's barrier (``start_build`` / ``build_mask``'s
+        outcomes handed to ``on_done`` (None: nobody waits for them; they are in the ledger, where a later ask finds
+        them, and no list of them is made). Called from a mask build's barrier (``start_build`` / ``build_mask``'s
         ``barrier``), the runs are checked by the ledger at once and fed by that build, with its tree walk, in one
         native call, which reads their tokens from ``result`` itself once its host copy is done (so a barrier run
         before the verify launch never waits for the copy); called elsewhere, at once. Either way every run is fed
-        exactly once and ``on_done`` is called once -- for a barrier, when the build is joined (``finish_build``),
+        exactly once and ``on_done``, if given, is called once -- for a barrier, when the build is joined (``finish_build``),
         also when it failed. Until then the caller must not read the runs' effects (SGLang's loop reads them only
         after sampling)."""
         plan = self._collecting
         if plan is None:
-            on_done(self.advance_many([(k, g, s, result.run(r), m) for k, g, s, m, r in rows], on_feed,
-                                      count_replays=count_replays))
+            outcomes = self.advance_many([(k, g, s, result.run(r), m) for k, g, s, m, r in rows], on_feed,
+                                         count_replays=count_replays)
+            if on_done is not None:
+                on_done(outcomes)
             return
         replays, errors = self.ledger.replays, plan.errors
         slots = list(plan.add_rows(rows, result, on_feed))
@@ -399,7 +402,8 @@ class GrammarStep:
             self._reanchor(plan, slots,
                            lambda j: (rows[j][0], rows[j][1], rows[j][2], result.run(rows[j][4]), rows[j][3]), on_feed)
         self._count_replays(count_replays, replays)
-        self._waiting.append((slots, on_done))
+        if on_done is not None:
+            self._waiting.append((slots, on_done))
 
     def _reanchor(self, plan: LedgerPlan, slots: List[int], run_of: Callable[[int], Run],
                   on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> List[int]:

@@ -235,6 +235,38 @@ def test_the_mask_is_built_after_the_barriers_runs_are_fed(threaded):
         step.close()
 
 
+@pytest.mark.parametrize("threaded", [True, False], ids=["grammar-thread", "inline"])
+def test_a_barrier_whose_caller_waits_for_no_outcome_still_feeds_and_records_each_run_once(threaded):
+    """``advance_later(..., on_done=None)`` (0.5.16's barrier: post-processing asks again): the build feeds the runs
+    and the ledger records them, so the later ask is a replay that feeds nothing, and the matchers are where one feed
+    leaves them."""
+    docs = _docs(3, seed=3)
+    runs = [d[:3] for d in docs]
+    ms = [G.matcher("nested", VOCAB) for _ in docs]
+    grammars = [object() for _ in docs]
+    rows = [(f"r{i}", grammars[i], 0, ms[i], i) for i in range(3)]
+    step = _step(threaded)
+    try:
+        nxt, sib, tok = _tree(3)
+        reqs = [MaskRequest(matcher=m) for m in ms]
+        barrier = lambda: step.advance_later(rows, result_runs(runs), None)  # noqa: E731
+        job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=barrier)
+        assert (job.future is not None) == threaded
+        step.finish_build(job, device="cpu")
+        assert step.ledger.tokens_fed == 9
+        for i, run in enumerate(runs):
+            assert step.ledger.outcome(f"r{i}", 0).retained == tuple(run)
+        told: List[Any] = []
+        step.advance_later(rows, result_runs(runs), told.append, count_replays=True)  # post-processing's ask
+        assert [o.retained for o in told[0]] == [tuple(r) for r in runs]
+        assert step.ledger.tokens_fed == 9 and step.stats.counters["replays"] == 3
+        for i, d in enumerate(docs):
+            want = G.next_token_bitmask(G.matcher("nested", VOCAB, d[:3]), VOCAB)
+            assert torch.equal(G.next_token_bitmask(ms[i], VOCAB), want), f"request {i} fed other than once"
+    finally:
+        step.close()
+
+
 def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_mask():
     """With forced drafts on, ``start_build`` / ``finish_build`` (an EAGLE verify: inline, the forced table needs
     Python) record the valid nodes' grammar-forced continuations; ``build_mask`` (chain algorithms, host-built trees,
