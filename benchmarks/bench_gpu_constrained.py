@@ -98,9 +98,10 @@ ENGINE_ENV = {"on": {}, "off": {}, "inline": {"SGLANG_EAGLE_OVERLAP_GRAMMAR_THRE
 JSON_VARIANTS = ("json", "json-inline")  # plugin on: its stats file is read around these rounds
 # the plugin's stats file: per-step phases, mask time-limit hits, and the scheduler thread's share (sched: what the
 # grammar calls cost it; join_wait: the part spent waiting for the grammar thread; helper_gil: the grammar thread's
-# CPU time outside its GIL-free call); older result files lack the last three (read as 0)
+# CPU time outside its GIL-free call; handoff: the grammar thread's wake-up latency after the hand-off); older result
+# files lack the last four (read as 0)
 PHASE_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "unhidden_s", "mask_timeouts", "sched_s", "join_wait_s",
-              "helper_gil_s")
+              "helper_gil_s", "handoff_s")
 
 
 @dataclasses.dataclass(frozen=True)

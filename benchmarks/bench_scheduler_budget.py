@@ -78,7 +78,7 @@ PATHS = ("inline", "thread")
 # revision's package), so that a change is measured against the code it replaces in the same run
 ALL_PATHS = ("before", "inline", "inline-forced", "thread-noforced", "thread", "stock")
 VOCAB = 128256
-PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_wait_s", "helper_gil_s",
+PLUGIN_KEYS = ("steps", "advance_s", "tree_wait_s", "mask_s", "sched_s", "join_wait_s", "helper_gil_s", "handoff_s",
                "mask_timeouts")
 
 

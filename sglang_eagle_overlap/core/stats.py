@@ -40,10 +40,12 @@ class StepStats:
     # Scheduler-thread accounting (issue 17): ``sched_s`` is what the step's grammar calls cost the scheduler thread
     # (inline: all of the work; grammar thread: hand-off + join wait + upload), ``join_wait_s`` the part of it spent
     # waiting for the grammar thread, ``helper_gil_s`` the grammar thread's CPU time outside GIL-free native fills
-    # (an upper bound of the GIL time it took from the scheduler thread).
+    # (an upper bound of the GIL time it took from the scheduler thread), ``handoff_s`` the grammar thread's wake-up
+    # latency (from the hand-off until it ran Python: the OS wake-up and winning the GIL), a latency, not CPU time.
     sched_s: float = 0.0
     join_wait_s: float = 0.0
     helper_gil_s: float = 0.0
+    handoff_s: float = 0.0
     last: Dict[str, float] = field(default_factory=dict)
     # Every counter is present (0) from the start, so readers never see a missing key.
     counters: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
@@ -53,13 +55,14 @@ class StepStats:
 
     def record_step(self, advance_s: float, tree_wait_s: float, mask_s: float, timeouts: int, bs: int,
                     unhidden_s: float = 0.0, *, sched_s: Optional[float] = None, join_wait_s: float = 0.0,
-                    helper_gil_s: float = 0.0) -> None:
+                    helper_gil_s: float = 0.0, handoff_s: float = 0.0) -> None:
         """One verify step. ``unhidden_s`` may belong to earlier steps (CUDA events are read lazily). ``sched_s``
         defaults to the whole work (the inline path runs all of it on the scheduler thread)."""
         self.steps += 1
         self.sched_s += (advance_s + tree_wait_s + mask_s) if sched_s is None else sched_s
         self.join_wait_s += join_wait_s
         self.helper_gil_s += helper_gil_s
+        self.handoff_s += handoff_s
         self.advance_s += advance_s
         self.tree_wait_s += tree_wait_s
         self.mask_s += mask_s
@@ -84,6 +87,7 @@ class StepStats:
             "sched_ms": self.sched_s / n * 1e3,
             "join_wait_ms": self.join_wait_s / n * 1e3,
             "helper_gil_ms": self.helper_gil_s / n * 1e3,
+            "handoff_ms": self.handoff_s / n * 1e3,
         }
 
 

@@ -92,6 +92,7 @@ class MaskJob:
     future: Optional[_GrammarThread] = None  # the grammar thread, running this job's part (start_build)
     marks: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     gil_s: float = 0.0
+    handoff_s: float = 0.0  # grammar thread: from the hand-off until it ran its first bytecode (its wake-up + GIL)
     submit_s: float = 0.0
     tree_nodes: int = 0
     forced: bool = False  # record grammar-forced continuations (an EAGLE tree whose next step can use them)
@@ -144,12 +145,17 @@ class _GrammarThread:
         self._value: Any = None
         self._error: Optional[BaseException] = None
         self.cpu_s = 0.0  # the thread's CPU time for the last job
+        # ``perf_counter`` at the last hand-off and when the thread then ran its first bytecode: the difference is the
+        # hand-off's latency (the OS wake-up and winning the GIL from a scheduler thread that may be running Python)
+        self.submitted = 0.0
+        self.woke = 0.0
         self._thread = threading.Thread(target=self._loop, name="sglang-eo-grammar", daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> _GrammarThread:
         """Start ``fn(*args)`` on the thread; returns this thread, whose :meth:`result` joins it."""
         self._fn, self._args = fn, args
+        self.submitted = time.perf_counter()
         self._ready.release()
         return self
 
@@ -170,6 +176,7 @@ class _GrammarThread:
     def _loop(self) -> None:
         while True:
             self._ready.acquire()
+            self.woke = time.perf_counter()
             fn = self._fn
             if fn is None:
                 return
@@ -523,7 +530,8 @@ class GrammarStep:
         # inline: the whole work ran here, gil_s stays 0 and there is no join to wait for
         self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
                                unhidden, sched_s=job.submit_s + (t3 - t0),
-                               join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s)
+                               join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s,
+                               handoff_s=job.handoff_s)
         self.stats.count("mask_failures", len(result.failed))
         fp, fa = self._forced_delta()
         self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out), forced_proposed=fp, forced_accepted=fa)
@@ -620,6 +628,7 @@ class GrammarStep:
                 res = builder.native_result(job.build, raw, native_cpu_s)
                 job.marks = (job.marks[0], job.marks[1], t2, t3)
                 job.gil_s = max(0.0, job.future.cpu_s - native_cpu_s)
+                job.handoff_s = max(0.0, job.future.woke - job.future.submitted)
             except Exception as exc:  # the native call was refused or never made: everything here, in Python
                 t_join = time.perf_counter()
                 builder.abandon_native(job.build, exc)
@@ -705,6 +714,7 @@ class GrammarStep:
             "sched_s": s.sched_s,
             "join_wait_s": s.join_wait_s,
             "helper_gil_s": s.helper_gil_s,
+            "handoff_s": s.handoff_s,
             "grammar_thread": self.grammar_thread,
             "forced_drafts": self.forced is not None,
             "native": self.native is not None,
@@ -733,11 +743,12 @@ class GrammarStep:
             m = s.per_step_ms()
             logger.info(
                 "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait "
-                "%.3f, mask %.3f), on the scheduler thread %.3f ms (grammar thread %s: join wait %.3f, its GIL time "
-                "<= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; forced drafts %s (%d proposed, "
+                "%.3f, mask %.3f), on the scheduler thread %.3f ms (grammar thread %s: hand-off %.3f, join wait %.3f, "
+                "its GIL time <= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; forced drafts %s (%d proposed, "
                 "%d changed, %d accepted); ledger %d requests; %s",
                 s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["sched_ms"],
-                "on" if self.grammar_thread else "off", m["join_wait_ms"], m["helper_gil_ms"], m["unhidden_ms"],
+                "on" if self.grammar_thread else "off", m["handoff_ms"], m["join_wait_ms"], m["helper_gil_ms"],
+                m["unhidden_ms"],
                 s.mask_timeouts, "on" if self.forced is not None else "off", *self._forced_counts()[:3],
                 len(self.ledger), s.counters,
             )

@@ -399,6 +399,10 @@ def test_finish_build_reports_what_ran_where(threaded, tmp_path):
     assert s.steps == 1 and s.mask_timeouts == 0 and s.mask_s > 0 and s.advance_s > 0
     assert s.sched_s > 0 and (s.join_wait_s > 0) is threaded and s.helper_gil_s >= 0
     assert s.sched_s >= s.join_wait_s
+    # the hand-off's latency: only a grammar thread has one; it is part of the tree wait (the helper stamps the end of
+    # its device waits after it woke), and the snapshot reports it
+    assert (s.handoff_s > 0) is threaded and s.handoff_s <= s.tree_wait_s
+    assert step.snapshot()["handoff_s"] == s.handoff_s
     ((grammar_s, unhidden_s, timeouts, fp, fa),) = exporter.calls
     assert grammar_s > 0 and unhidden_s == 0 and timeouts == 0 and (fp, fa) == (3, 2)
     first, *events = tl.events()

@@ -28,7 +28,7 @@ from sglang_eo_dev.helpers.grammars import Recorder, doc_tokens, matcher
 from sglang_eo_dev.helpers.native import native
 
 BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
-             "join_wait_s", "helper_gil_s", "grammar_thread", "forced_drafts", "native", "tokens_advanced", "ledger_requests",
+             "join_wait_s", "helper_gil_s", "handoff_s", "grammar_thread", "forced_drafts", "native", "tokens_advanced", "ledger_requests",
              "pinned_allocations", "pid", "forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted",
              "forced_nodes",
              "rank", "world_size", *COUNTERS}
@@ -50,12 +50,13 @@ def test_snapshot_names_every_number_it_reports(monkeypatch):
     step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 2, 11),
                        state=lambda: {"active": True})
     s = step.stats
-    s.steps, s.sched_s, s.join_wait_s, s.helper_gil_s = 4, 0.25, 0.125, 0.0625
+    s.steps, s.sched_s, s.join_wait_s, s.helper_gil_s, s.handoff_s = 4, 0.25, 0.125, 0.0625, 0.03125
     s.advance_s, s.tree_wait_s, s.mask_s, s.unhidden_s, s.mask_timeouts = 0.5, 0.75, 1.5, 0.3, 2
     step.count(COUNTERS[0], 3)
     d = step.snapshot()
     assert set(d) == BASE_KEYS | {"active"}
-    assert (d["steps"], d["sched_s"], d["join_wait_s"], d["helper_gil_s"]) == (4, 0.25, 0.125, 0.0625)
+    assert (d["steps"], d["sched_s"], d["join_wait_s"], d["helper_gil_s"], d["handoff_s"]) == (
+        4, 0.25, 0.125, 0.0625, 0.03125)
     assert (d["advance_s"], d["tree_wait_s"], d["mask_s"], d["unhidden_s"], d["mask_timeouts"]) == (
         0.5, 0.75, 1.5, 0.3, 2)
     assert d["grammar_s"] == pytest.approx(0.5 + 0.75 + 1.5)
@@ -246,9 +247,10 @@ def test_copy_host_tree_resolves_to_the_same_tree_without_the_launch_probe():
 def test_report_names_the_grammar_thread_when_it_is_on(monkeypatch, caplog):
     _rank(monkeypatch, None)
     step = GrammarStep(mask_threads=1, grammar_thread=True)
-    step.stats.steps, step.stats.join_wait_s, step.stats.helper_gil_s = 1, 0.004, 0.002
+    step.stats.steps, step.stats.join_wait_s, step.stats.helper_gil_s, step.stats.handoff_s = 1, 0.004, 0.002, 0.001
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
         step.report()
     (line,) = [r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage()]
-    assert "(grammar thread on: join wait 4.000, its GIL time <= 2.000)" in line and "forced drafts off" in line
+    assert "(grammar thread on: hand-off 1.000, join wait 4.000, its GIL time <= 2.000)" in line
+    assert "forced drafts off" in line
 
