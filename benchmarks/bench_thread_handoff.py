@@ -17,7 +17,7 @@ launch that busy-loops in Python for ``--launch-ms``, and the helper's hand-off 
 
 A CPU model of one question a GPU run must answer (how much Python the GPU host's verify launch runs before its first
 GIL-releasing call), not a GPU measurement; on the CPU engine the forward's torch calls release the GIL and the
-helper starts ~0.26 ms after the hand-off (``bench_scheduler_budget.py``'s ``handoff_ms``). Run::
+helper starts ~0.3-0.4 ms after the hand-off (``bench_scheduler_budget.py``'s ``handoff_ms``). Run::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_thread_handoff.py
 
