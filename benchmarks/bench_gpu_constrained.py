@@ -328,7 +328,8 @@ def markdown(result: Dict[str, Any]) -> str:
         "over unconstrained; `off/on` = json with the plugin off (stock SGLang) over json with the plugin, both "
         "from the same run; `grammar` = the probe's grammar ms per step (SGLang's grammar entry points and the "
         "plugin's mask step), json / json off; phases = the plugin's own stats per verify step (advance incl. "
-        "waits / tree wait / mask / un-hidden, ms) and mask time-limit hits per request.",
+        "waits / tree wait / mask / un-hidden / the grammar thread's hand-off latency / the join's wait, ms) and mask "
+        "time-limit hits per request.",
         "",
     ]
     inline_run = any(r.get("json-inline", {}).get("n") for r in result["rows"])
@@ -342,7 +343,7 @@ def markdown(result: Dict[str, Any]) -> str:
                   "they are also noisy: compare nothing across engines here).", ""]
     head = ("| EAGLE3 | bs | unconstrained ms/step | json plugin ms/step | json plugin off ms/step | best unc / json / "
             "off | mean unc / json / off | ms/token unc / json / off | over unc. median / mean | off/on | grammar ms json / off | phases adv / tree / "
-            "mask / unhidden ms | limit hits/req | accept | steps unc / json / off |")
+            "mask / unhidden / hand-off / join ms | limit hits/req | accept | steps unc / json / off |")
     if inline_run:
         head += " json inline ms/step | json inline mean | inline over unc. median / mean | inline/json | accept inline |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -358,8 +359,8 @@ def markdown(result: Dict[str, Any]) -> str:
         on, unc, off = (r[v] for v in VARIANTS[:3])
         inl = r.get("json-inline") or {}
         ph = on.get("phases")
-        phs = (f"{ph['advance_ms']:.2f} / {ph['tree_wait_ms']:.2f} / {ph['mask_ms']:.2f} / {ph['unhidden_ms']:.2f}"
-               if ph else "–")
+        phs = (f"{ph['advance_ms']:.2f} / {ph['tree_wait_ms']:.2f} / {ph['mask_ms']:.2f} / {ph['unhidden_ms']:.2f} / "
+               f"{ph.get('handoff_ms', 0.0):.2f} / {ph.get('join_wait_ms', 0.0):.2f}" if ph else "–")
         hits = _f(ph["mask_timeouts_per_request"]) if ph else "–"
         flag = "" if all(r[v].get("full_batch", True) for v in VARIANTS if r.get(v, {}).get("n")) else " (batch shrank)"
         line = (f"| {r['shape']} | {r['bs']}{flag} | {_step(unc)} | {_step(on)} | {_step(off)} | "

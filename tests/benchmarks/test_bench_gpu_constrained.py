@@ -125,9 +125,10 @@ def test_summaries_rows_and_markdown(bench):
     assert on["phases"]["advance_ms"] == pytest.approx(2.0) and on["phases"]["mask_ms"] == pytest.approx(1.0)
     assert on["phases"]["mask_timeouts_per_request"] == pytest.approx(1.0)
     assert on["phases"]["join_wait_ms"] == 0.0  # a stats file without the scheduler-thread keys (older plugin)
-    thread = [dict(p, sched_s=0.04, join_wait_s=0.01, helper_gil_s=0.002) for p in ph]
+    thread = [dict(p, sched_s=0.04, join_wait_s=0.01, helper_gil_s=0.002, handoff_s=0.003) for p in ph]
     ph_t = bench.summarize_cell(rounds, thread)["phases"]
-    assert (ph_t["sched_ms"], ph_t["join_wait_ms"], ph_t["helper_gil_ms"]) == pytest.approx((0.4, 0.1, 0.02))
+    assert (ph_t["sched_ms"], ph_t["join_wait_ms"], ph_t["helper_gil_ms"], ph_t["handoff_ms"]) == pytest.approx(
+        (0.4, 0.1, 0.02, 0.03))
     unc = bench.summarize_cell([rnd([8.0], accept=2.0)], [])
     assert unc["ms_token"] == pytest.approx(4.0)
     off = bench.summarize_cell([rnd([23.0])], [])
@@ -140,7 +141,8 @@ def test_summaries_rows_and_markdown(bench):
               "repeats": 1, "command": "python benchmarks/bench_gpu_constrained.py", "rows": rows, "problems": []}
     md = bench.markdown(result)
     assert "| topk1 | 8 | 8.00 (8.00-8.00) | 11.50 (10.00-12.00) | 23.00 (23.00-23.00) | 8.00 / 10.00 / 23.00 |" in md
-    assert "+43.8% / +39.6%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30" in md  # median / mean over unc.
+    # median / mean over unc.; phases: advance / tree / mask / unhidden / hand-off / join (an older stats file: 0)
+    assert "+43.8% / +39.6%" in md and "2.00x" in md and "2.00 / 0.50 / 1.00 / 0.30 / 0.00 / 0.00" in md
     assert "| 8.00 / 11.17 / 23.00 |" in md  # the means side by side
     assert "| 1 / 6 / 1 |" in md  # steps per variant
 
