@@ -62,6 +62,7 @@ def _child(spec: str, bs: int, steps: int, mode: str) -> Dict[str, float]:
     from bench_mask_states import make_instance, serialise
     from sglang_eo_dev.cpu_runtime.models import build_tokenizer
     from sglang_eo_dev.helpers import grammars as G
+    from sglang_eo_dev.helpers.devices import DecodeMode
 
     G.ensure_sglang_importable()
     from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
@@ -105,17 +106,7 @@ def _child(spec: str, bs: int, steps: int, mode: str) -> Dict[str, float]:
             if topk + c < n:
                 nxt[:, c] = topk + c
 
-    class Mode:
-        def is_decode(self) -> bool:
-            return True
-
-        def is_extend(self) -> bool:
-            return False
-
-        def is_idle(self) -> bool:
-            return False
-
-    batch = SimpleNamespace(reqs=reqs, has_grammar=True, forward_mode=Mode(), sampling_info=None)
+    batch = SimpleNamespace(reqs=reqs, has_grammar=True, forward_mode=DecodeMode(), sampling_info=None)
     step = GrammarStep(mask_threads=1, mask_time_limit_s=None, pin_memory=False)
     rt = SimpleNamespace(step=step)
     builder = step.builder

@@ -45,23 +45,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "dev"))
 from bench_engine_step import _machine  # noqa: E402
 from bench_grammar_step import _grammars, make_plan  # noqa: E402
+from sglang_eo_dev.helpers.devices import DecodeMode  # noqa: E402
 
 VOCAB = 128000
 STRIDE = 8
 PATHS = ("inline", "thread", "thread+handshake")
-
-
-class _Mode:
-    """A decode batch's ``forward_mode``."""
-
-    def is_idle(self) -> bool:
-        return False
-
-    def is_decode(self) -> bool:
-        return True
-
-    def is_extend(self) -> bool:
-        return False
 
 
 def _busy(seconds: float) -> None:
@@ -102,7 +90,7 @@ def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Di
     reqs = [SimpleNamespace(grammar=g, rid=f"r{i}", finished=lambda: False, to_finish=None, is_retracted=False,
                             inflight_middle_chunks=0, output_ids=list(plan.docs[i][: plan.starts[i]]))
             for i, g in enumerate(_grammars("nested", VOCAB, plan, bs))]
-    batch = SimpleNamespace(reqs=reqs, forward_mode=_Mode(), has_grammar=True,
+    batch = SimpleNamespace(reqs=reqs, forward_mode=DecodeMode(), has_grammar=True,
                             sampling_info=SimpleNamespace(vocab_size=VOCAB))
     step = GrammarStep(grammar_thread=path != "inline", grammar_thread_min_batch=1, mask_time_limit_s=None,
                        native=functools.partial(load_native_for, True))

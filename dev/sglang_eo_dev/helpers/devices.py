@@ -4,13 +4,14 @@
 itself. ``DeviceTensor`` stands for a result tensor not yet copied to the host: a non-host device, values readable
 only through ``tolist()``. ``result_runs`` builds a host ``ResultRuns`` holding given runs, as SGLang's verify
 (``ids[r * stride : r * stride + lens[r]]``) or prefill (one token per row, no lengths) results lay them out.
+``DecodeMode`` stands for a decode batch's ``forward_mode`` (what the bands' barriers ask of it).
 """
 
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-__all__ = ["CountingEvent", "DeviceTensor", "result_runs"]
+__all__ = ["CountingEvent", "DecodeMode", "DeviceTensor", "result_runs"]
 
 
 class CountingEvent:
@@ -21,6 +22,19 @@ class CountingEvent:
 
     def synchronize(self) -> None:
         self.waits += 1
+
+
+class DecodeMode:
+    """A decode batch's ``forward_mode``: decode, not extend, not idle."""
+
+    def is_decode(self) -> bool:
+        return True
+
+    def is_extend(self) -> bool:
+        return False
+
+    def is_idle(self) -> bool:
+        return False
 
 
 class DeviceTensor:
