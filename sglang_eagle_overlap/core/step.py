@@ -393,9 +393,9 @@ class GrammarStep:
         ``barrier``), the runs are checked by the ledger at once and fed by that build, with its tree walk, in one
         native call, which reads their tokens from ``result`` itself once its host copy is done (so a barrier run
         before the verify launch never waits for the copy); called elsewhere, at once. Either way every run is fed
-        exactly once and ``on_done``, if given, is called once -- for a barrier, when the build is joined (``finish_build``),
-        also when it failed. Until then the caller must not read the runs' effects (SGLang's loop reads them only
-        after sampling)."""
+        exactly once and ``on_done``, if given, is called once -- for a barrier, when the build is joined
+        (``finish_build``), also when it failed. Until then the caller must not read the runs' effects (SGLang's loop
+        reads them only after sampling)."""
         plan = self._collecting
         if plan is None:
             outcomes = self.advance_many([(k, g, s, result.run(r), m) for k, g, s, m, r in rows], on_feed,
@@ -744,8 +744,8 @@ class GrammarStep:
             logger.info(
                 "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait "
                 "%.3f, mask %.3f), on the scheduler thread %.3f ms (grammar thread %s: hand-off %.3f, join wait %.3f, "
-                "its GIL time <= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; forced drafts %s (%d proposed, "
-                "%d changed, %d accepted); ledger %d requests; %s",
+                "its GIL time <= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; forced drafts %s "
+                "(%d proposed, %d changed, %d accepted); ledger %d requests; %s",
                 s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["sched_ms"],
                 "on" if self.grammar_thread else "off", m["handoff_ms"], m["join_wait_ms"], m["helper_gil_ms"],
                 m["unhidden_ms"],

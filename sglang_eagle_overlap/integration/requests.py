@@ -81,9 +81,10 @@ class RequestView:
     """A request's two tree-mask rows (constrained / unconstrained: immutable ``MaskRequest``s that every step's batch
     shares), made from its grammar object once instead of at every step (issue 17: one ``MaskRequest`` per request per
     step was the largest per-request piece before the verify launch), with what they were made from: the grammar and
-    its bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself (else None). Kept on the ``Req`` (attribute :data:`VIEW_ATTR`) by
-    :func:`request_view`, valid while the request holds the same grammar object and that grammar the same matcher (a
-    host that rebuilds or swaps either gets a new view at the next step). Holds no reference to the ``Req`` (no cycle; it goes with the request)."""
+    its bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself (else None). Kept on the ``Req``
+    (attribute :data:`VIEW_ATTR`) by :func:`request_view`, valid while the request holds the same grammar object and
+    that grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next step). Holds no
+    reference to the ``Req`` (no cycle: it goes with the request)."""
 
     __slots__ = ("grammar", "matcher", "row", "free")
 
