@@ -37,14 +37,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "dev"))
 from bench_engine_step import _machine  # noqa: E402
-from bench_grammar_step import _grammars, make_plan  # noqa: E402
+from bench_grammar_step import _accept_lists, _grammars, make_plan  # noqa: E402
 from sglang_eo_dev.helpers.devices import DecodeMode  # noqa: E402
 
 VOCAB = 128000
@@ -99,12 +97,7 @@ def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Di
     handoffs: List[float] = []
     try:
         for s in range(1, steps + 1):
-            ids = torch.zeros(bs * STRIDE, dtype=torch.int64)
-            lens = torch.zeros(bs, dtype=torch.int64)
-            for i in range(bs):
-                run = plan.runs[s - 1][i]
-                ids[i * STRIDE : i * STRIDE + len(run)] = torch.tensor(run)
-                lens[i] = len(run)
+            ids, lens = _accept_lists(plan, s - 1, bs, STRIDE)
             result = SimpleNamespace(next_token_ids=ids, accept_lens=lens, copy_done=None, grammar_advanced=False,
                                      speculative_output_stride=STRIDE, grammar_retained_tokens=None)
             nxt, sib, tok = (t[:bs] for t in plan.trees[s])
