@@ -39,7 +39,6 @@ __all__ = [
     "output_stride",
     "VIEW_ATTR",
     "record_on_xgrammar",
-    "request_view",
     "RequestRun",
     "RequestView",
     "result_rows",
@@ -80,23 +79,22 @@ def innermost_grammar(grammar: Any) -> Any:
 class RequestView:
     """A request's two tree-mask rows (constrained / unconstrained: immutable ``MaskRequest``s that every step's batch
     shares), made from its grammar object once instead of at every step (issue 17: one ``MaskRequest`` per request per
-    step was the largest per-request piece before the verify launch), with what they were made from: the grammar and
-    its bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself (else None). Kept on the ``Req``
-    (attribute :data:`VIEW_ATTR`) by :func:`request_view`, valid while the request holds the same grammar object and
-    that grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next step). Holds no
-    reference to the ``Req`` (no cycle: it goes with the request)."""
+    step was the largest per-request piece before the verify launch), and the grammar they were made from. The
+    constrained row holds the bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself, else the
+    grammar object. Kept on the ``Req`` (attribute :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the
+    request holds the same grammar object and that grammar the same matcher (a host that rebuilds or swaps either gets
+    a new view at the next step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
 
-    __slots__ = ("grammar", "matcher", "row", "free")
+    __slots__ = ("grammar", "row", "free")
 
     def __init__(self, req: Any, grammar: Any) -> None:
         key = str(getattr(req, "rid", ""))
         self.grammar = grammar
-        self.matcher = grammar.matcher if grammar is not None and is_xgrammar(grammar) else None
         self.free = MaskRequest(None, None, key)
         if grammar is None:
             self.row = self.free
-        elif self.matcher is not None:
-            self.row = MaskRequest(self.matcher, None, key)
+        elif is_xgrammar(grammar):
+            self.row = MaskRequest(grammar.matcher, None, key)
         else:
             self.row = MaskRequest(None, grammar, key)
 
@@ -104,12 +102,12 @@ class RequestView:
 VIEW_ATTR = "_sglang_eo_view"
 
 
-def request_view(req: Any, grammar: Any) -> RequestView:
+def _view(req: Any, grammar: Any) -> RequestView:
     """``req``'s :class:`RequestView` for its current ``grammar`` (``req.grammar``, read by the caller): the one kept on
-    the request while its grammar and that grammar's matcher are the same objects, else a new one, kept."""
+    the request while its grammar and that grammar's matcher (its row's) are the same objects, else a new one, kept."""
     view = getattr(req, VIEW_ATTR, None)
-    if view is None or view.grammar is not grammar or (view.matcher is not None and
-                                                        view.matcher is not getattr(grammar, "matcher", None)):
+    if view is None or view.grammar is not grammar or (view.row.matcher is not None and
+                                                        view.row.matcher is not getattr(grammar, "matcher", None)):
         view = RequestView(req, grammar)
         try:
             setattr(req, VIEW_ATTR, view)
@@ -124,7 +122,7 @@ def mask_request_for(req: Any) -> MaskRequest:
     (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
     (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it."""
     grammar = getattr(req, "grammar", None)
-    view = request_view(req, grammar)
+    view = _view(req, grammar)
     if grammar is None:
         return view.free
     finished = getattr(req, "finished", None)

@@ -34,7 +34,6 @@ the path it was meant for.
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from typing import Any, Optional
 
