@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -76,9 +76,14 @@ def _handshake(step_mod: Any) -> None:
     step_mod._GrammarThread.submit = submit_and_wait
 
 
-def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Dict[str, float]:
-    """One path at one batch size in this process: medians of the step wall (start_build .. finish_build end) and of
-    the hand-off latency."""
+def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], None],
+              before_step: Optional[Callable[[int], None]] = None) -> Iterator[Dict[str, float]]:
+    """The 0.5.23 band's verify step, ``steps`` times, outside the engine: real ``XGrammarGrammar`` objects (``VOCAB``,
+    the ``nested`` JSON grammar, EAGLE topk 1), each step's barrier feeding the previous step's runs
+    (``band.advance_grammar_fsm``), ``start_build`` -> ``launch()`` (the stand-in verify launch) -> ``finish_build``,
+    and the retained runs appended as SGLang's post-processing would. ``before_step(s)`` runs before step ``s``
+    (outside the timed part). Yields per step: ``s``, ``wall_s`` (start_build .. end of finish_build), ``sched_cpu_s``
+    (the calling thread's CPU time in start_build and finish_build, not in the launch) and ``handoff_s``."""
     from sglang_eagle_overlap.adapters.v0_5_23 import band
     from sglang_eagle_overlap.core.step import GrammarStep
     from sglang_eagle_overlap.integration.requests import mask_requests
@@ -90,32 +95,42 @@ def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Di
             for i, g in enumerate(_grammars("nested", VOCAB, plan, bs))]
     batch = SimpleNamespace(reqs=reqs, forward_mode=DecodeMode(), has_grammar=True,
                             sampling_info=SimpleNamespace(vocab_size=VOCAB))
-    step = GrammarStep(grammar_thread=path != "inline", grammar_thread_min_batch=1, mask_time_limit_s=None,
+    step = GrammarStep(grammar_thread=grammar_thread, grammar_thread_min_batch=1, mask_time_limit_s=None,
                        native=functools.partial(load_native_for, True))
     rt = SimpleNamespace(step=step)
-    walls: List[float] = []
-    handoffs: List[float] = []
     try:
         for s in range(1, steps + 1):
+            if before_step is not None:
+                before_step(s)
             ids, lens = _accept_lists(plan, s - 1, bs, STRIDE)
             result = SimpleNamespace(next_token_ids=ids, accept_lens=lens, copy_done=None, grammar_advanced=False,
                                      speculative_output_stride=STRIDE, grammar_retained_tokens=None)
             nxt, sib, tok = (t[:bs] for t in plan.trees[s])
             pending = step.copy_host_tree(nxt, sib, tok)
+            draft = tok.clone()
             h0 = step.stats.handoff_s
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             job = step.start_build(mask_requests(reqs), pending, vocab_size=VOCAB,
                                    barrier=lambda: band.advance_grammar_fsm(rt, result, batch), allow_timeout=False)
-            _busy(launch_s)
-            step.finish_build(job, device="cpu", draft_device=tok.clone())
-            if s > warmup:
-                walls.append(time.perf_counter() - t0)
-                handoffs.append(step.stats.handoff_s - h0)
+            c1 = time.thread_time()
+            launch()
+            c2 = time.thread_time()
+            step.finish_build(job, device="cpu", draft_device=draft)
+            c3, t3 = time.thread_time(), time.perf_counter()
+            yield {"s": s, "wall_s": t3 - t0, "sched_cpu_s": (c1 - c0) + (c3 - c2),
+                   "handoff_s": step.stats.handoff_s - h0}
             for i, r in enumerate(reqs):
                 r.output_ids.extend(result.grammar_retained_tokens[i])
     finally:
         step.close()
-    return {"wall_ms": statistics.median(walls) * 1e3, "handoff_ms": statistics.median(handoffs) * 1e3}
+
+
+def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Dict[str, float]:
+    """One path at one batch size in this process: medians of the step wall (start_build .. finish_build end) and of
+    the hand-off latency."""
+    rows = [r for r in band_loop(bs, steps, path != "inline", lambda: _busy(launch_s)) if r["s"] > warmup]
+    return {"wall_ms": statistics.median(r["wall_s"] for r in rows) * 1e3,
+            "handoff_ms": statistics.median(r["handoff_s"] for r in rows) * 1e3}
 
 
 def markdown(res: Dict[str, Any]) -> str:
@@ -166,12 +181,19 @@ def main(argv: Any = None) -> int:
                                      check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
                 rows.append({"launch_ms": launch, "bs": bs, "path": path, **json.loads(out)})
                 print(rows[-1], flush=True)
-    res = {"command": " ".join(["benchmarks/bench_thread_handoff.py", *(argv if argv is not None else sys.argv[1:])]),
-           "machine": _machine(), "steps": args.steps, "warmup": args.warmup, "rows": rows}
-    Path(args.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
-    Path(args.out + ".md").write_text(markdown(res))
-    print(markdown(res))
+    save(args.out, "benchmarks/bench_thread_handoff.py", argv, {"steps": args.steps, "warmup": args.warmup,
+                                                               "rows": rows}, markdown)
     return 0
+
+
+def save(out: str, script: str, argv: Any, fields: Dict[str, Any], markdown_of: Callable[[Dict[str, Any]], str]) -> None:
+    """Write ``out``.json (the command, this machine and ``fields``) and ``out``.md (``markdown_of`` of it), and print
+    the latter."""
+    res = {"command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]), "machine": _machine(),
+           **fields}
+    Path(out + ".json").write_text(json.dumps(res, indent=1) + "\n")
+    Path(out + ".md").write_text(markdown_of(res))
+    print(markdown_of(res))
 
 
 if __name__ == "__main__":

@@ -247,23 +247,30 @@ class ResultRuns:
         if self.ready is not None:
             self.ready.synchronize()
 
-    def run(self, row: int) -> Tuple[int, ...]:
-        """The run of ``row`` (waits for the host copy the first time)."""
+    def lists(self) -> Tuple[List[int], Optional[List[int]]]:
+        """``ids`` and ``lens`` (None: a prefill) as host lists, made once (waits for the host copy the first time)."""
         if self._ids is None:
             self.wait()
             self._lens = None if self.lens is None else self.lens.tolist()
             self._ids = self.ids.tolist()
-        ids = self._ids
-        if self._lens is None:
+        return self._ids, self._lens
+
+    def run(self, row: int) -> Tuple[int, ...]:
+        """The run of ``row`` (waits for the host copy the first time)."""
+        ids, lens = self.lists()
+        if lens is None:
             return (ids[row],)
         a = row * self.stride
-        return tuple(ids[a : a + self._lens[row]])
+        return tuple(ids[a : a + lens[row]])
 
 
 def _on_host(t: Any) -> bool:
     """A tensor in host memory (anything without a device counts as one: lists, numpy)."""
+    is_cpu = getattr(t, "is_cpu", None)  # a torch tensor's: one attribute read, no ``torch.device`` object made
+    if is_cpu is not None:
+        return bool(is_cpu)
     device = getattr(t, "device", None)
-    return device is None or device.type == "cpu"
+    return device is None or getattr(device, "type", device) == "cpu"
 
 
 # A run queued by row (LedgerPlan.add_rows): (key, grammar, start, matcher or None, row of the result).
@@ -426,20 +433,46 @@ class LedgerPlan:
         if len(feeds) != 2 * len(batch):
             raise ValueError(f"{len(feeds) // 2} feed outcomes for {len(batch)} waiting runs")
         ledger, out = self.ledger, self.out
-        record = ledger._record
-        for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
-            if toks is None:
-                assert result is not None  # a run queued without its tokens has its result
-                toks = result.run(row)
-            kept = feeds[2 * f]
-            state = feeds[2 * f + 1]
-            if state == FED and kept == len(toks):  # the common case (issue 17: the largest per-request loop)
-                outcome = _outcome((start, toks, toks, False, None))
-            else:
+        record, depth = ledger._record, ledger._history
+        source: Optional[ResultRuns] = None  # the result whose host lists are ``ids`` / ``lens`` / ``stride``
+        ids: List[int] = []
+        lens: Optional[List[int]] = None
+        stride = fed = 0
+        try:
+            for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
+                if toks is None:  # a run queued by row: its tokens, sliced here as ``ResultRuns.run`` slices them
+                    assert result is not None  # a run queued without its tokens has its result
+                    if result is not source:
+                        source, stride = result, result.stride
+                        ids, lens = result.lists()
+                    if lens is None:
+                        toks = (ids[row],)
+                    else:
+                        a = row * stride
+                        toks = tuple(ids[a : a + lens[row]])
+                kept = feeds[2 * f]
+                state = feeds[2 * f + 1]
+                if state == FED and kept == len(toks):
+                    # The common case (issue 17: the largest per-request loop), booked here as ``AcceptLedger._record``
+                    # books it: the whole run consumed, the matcher left live.
+                    outcome = _outcome((start, toks, toks, False, None))
+                    if on_feed is not None:
+                        on_feed(grammar, outcome)
+                    entry.live = True
+                    fed += kept
+                    entry.consumed = start + kept
+                    history = entry.history
+                    history[start] = outcome
+                    if len(history) > depth:
+                        del history[next(iter(history))]
+                    out[slot] = outcome
+                    continue
                 outcome = native_outcome(start, toks, kept, state, errors.get(("f", f)))
-            if on_feed is not None:
-                on_feed(grammar, outcome)
-            out[slot] = record(entry, start, outcome)
+                if on_feed is not None:
+                    on_feed(grammar, outcome)
+                out[slot] = record(entry, start, outcome)
+        finally:  # the runs booked before a raising ``on_feed`` stay counted, as ``_record`` counts them
+            ledger.tokens_fed += fed
 
     def feed(self) -> None:
         """Feed the waiting runs in one native call (``NativeGrammar.step_batch``, on this thread, after waiting for

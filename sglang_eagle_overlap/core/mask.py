@@ -233,6 +233,8 @@ class TreeMaskBuilder:
         # is the unit of work; below this many requests the calling thread does them alone.
         self.parallel_min_requests = 8
         self._buf: Optional[torch.Tensor] = None
+        self._buf_shape = (0, 0)  # ``_buf``'s shape as ints (read every build without a torch call)
+        self._head: Optional[Tuple[int, torch.Tensor]] = None  # the last build's ``_buf[:rows]``, reused
         # Sparse, deferred reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler
         # thread's grammar time at bs 64). Between builds, rows [0, _clean_rows) hold all-allowed words except the rows
         # in ``_dirty``, which the last build wrote; rows from ``_clean_rows`` on are unknown. A build resets, when it
@@ -256,13 +258,13 @@ class TreeMaskBuilder:
         Every other row is all-allowed: rows never handed out before are reset here. Call order: once per build, which
         must then call :meth:`_settle` with the rows it wrote."""
         buf = self._buf
-        if buf is None or buf.shape[0] < rows or buf.shape[1] != width:
+        if buf is None or self._buf_shape[0] < rows or self._buf_shape[1] != width:
             # Grow to the next power of two: a batch that grows step by step allocates (pinned: a slow, serialising
             # driver call) O(log rows) times, not once per new batch size.
             cap = 1 << max(rows - 1, 0).bit_length()
             buf = torch.empty((cap, width), dtype=torch.int32, pin_memory=self.pin_memory)
             self.allocations += 1
-            self._buf = buf
+            self._buf, self._buf_shape, self._head = buf, (cap, width), None
             self._clean_rows, self._dirty = 0, []
         stale = self._dirty
         if stale is None:  # the last build did not finish: nothing it used is known
@@ -273,7 +275,10 @@ class TreeMaskBuilder:
             self._clean_rows = rows
             self.reset_rows += rows - clean
         self._dirty = None
-        return buf[:rows], stale
+        head = self._head
+        if head is None or head[0] != rows:  # the same batch size as the last build: the same view
+            head = self._head = (rows, buf[:rows])
+        return head[1], stale
 
     def _settle(self, stale: List[int], written: List[int]) -> None:
         """End of a build on the own buffer: reset the stale rows this build did not overwrite, remember the ones it

@@ -44,7 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -233,9 +233,9 @@ class NativeGrammar:
         return self.step_batch(handles, packed, (), (), (), None, None, None, None, 0, None)
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """What :meth:`NativeGrammar.step_batch` hands back. ``status[k]`` / ``valid[k]``: walk request ``k``'s outcome
+class StepResult(NamedTuple):
+    """What :meth:`NativeGrammar.step_batch` hands back (immutable; a named tuple: one is made per step, and a frozen
+    dataclass costs several times more to build). ``status[k]`` / ``valid[k]``: walk request ``k``'s outcome
     (``WALKED``, ``WALK_TERMINATED`` -- rows untouched --, ``WALK_TIMED_OUT`` -- its non-root rows all-allowed again
     --, ``WALK_FAILED`` -- its rows are the caller's to reset) and its valid nodes, root included; ``total`` sums the
     valid nodes of all but failed requests; ``feeds[2 f]``, ``feeds[2 f + 1]``: run ``f``'s retained tokens and

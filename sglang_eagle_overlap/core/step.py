@@ -478,10 +478,13 @@ class GrammarStep:
             plan = job.ledger_plan
             assert plan is not None
             host = tree.host
-            bs, n = host[0].shape[0], host[0].shape[-1]
+            nxt = host[0]
+            bs, n = nxt.shape[0], nxt.shape[-1]
             job.tree_nodes = n
-            # Views of the tree copy's host buffers: valid now, filled once the copy is done (the grammar thread waits)
-            job.tree_views = (host[0].reshape(bs, n), host[1].reshape(bs, n), host[2].reshape(bs, n))
+            # The tree copy's host buffers as [bs, n] (valid now, filled once the copy is done: the grammar thread
+            # waits). The copier gives all three the next-token tensor's shape, so a [bs, n] tree is used as it is.
+            job.tree_views = host if nxt.dim() == 2 else (nxt.reshape(bs, n), host[1].reshape(bs, n),
+                                                            host[2].reshape(bs, n))
             job.build = builder.prepare(requests, n, vocab_size, allow_timeout=job.allow_timeout, feeds=plan)
             if job.build.handles is not None:
                 call = builder.native_call(job.build, *job.tree_views)
@@ -514,7 +517,7 @@ class GrammarStep:
             self.forced.upload(device)
         if result.bitmask is not None:
             device_mask = result.bitmask.to(device, non_blocking=True)
-            if device_mask.device.type != "cpu":
+            if not device_mask.is_cpu:
                 import torch
 
                 self._upload_event = torch.get_device_module(device_mask.device).Event()

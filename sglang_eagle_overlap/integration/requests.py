@@ -102,9 +102,14 @@ class RequestView:
 VIEW_ATTR = "_sglang_eo_view"
 
 
-def _view(req: Any, grammar: Any) -> RequestView:
-    """``req``'s :class:`RequestView` for its current ``grammar`` (``req.grammar``, read by the caller): the one kept on
-    the request while its grammar and that grammar's matcher (its row's) are the same objects, else a new one, kept."""
+def mask_request_for(req: Any) -> MaskRequest:
+    """One batch row of the tree mask: unconstrained (no grammar, finished: SG#28986, or being aborted: its grammar is
+    not called again and its tokens are discarded), the bare xgrammar matcher
+    (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
+    (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it.
+    The view kept on the request is used while its grammar and that grammar's matcher (its row's) are the same
+    objects; else a new one is made and kept."""
+    grammar = getattr(req, "grammar", None)
     view = getattr(req, VIEW_ATTR, None)
     if view is None or view.grammar is not grammar or (view.row.matcher is not None and
                                                         view.row.matcher is not getattr(grammar, "matcher", None)):
@@ -113,16 +118,6 @@ def _view(req: Any, grammar: Any) -> RequestView:
             setattr(req, VIEW_ATTR, view)
         except AttributeError:  # a request object that takes no new attribute: a fresh view each step, same rows
             pass
-    return view
-
-
-def mask_request_for(req: Any) -> MaskRequest:
-    """One batch row of the tree mask: unconstrained (no grammar, finished: SG#28986, or being aborted: its grammar is
-    not called again and its tokens are discarded), the bare xgrammar matcher
-    (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
-    (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it."""
-    grammar = getattr(req, "grammar", None)
-    view = _view(req, grammar)
     if grammar is None:
         return view.free
     finished = getattr(req, "finished", None)

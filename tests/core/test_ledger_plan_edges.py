@@ -6,6 +6,7 @@ host-copy event, and the pure mapping from the native call's states to outcomes.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any, List
 
 import pytest
@@ -205,6 +206,13 @@ def test_which_results_the_native_call_may_read():
     assert ResultRuns(host, host[:2], 2).on_host and ResultRuns([1, 2], None, 1).on_host
     assert not ResultRuns(host, meta[:2], 2).on_host
     assert not ResultRuns(meta, host[:2], 2).on_host and not ResultRuns(meta, None, 1).on_host
+    # Not torch: a tensor's ``is_cpu`` flag decides when there is one, else its device's type (an object, or a string
+    # as numpy 2 arrays have it)
+    assert not ResultRuns(SimpleNamespace(is_cpu=False), None, 1).on_host
+    assert ResultRuns(SimpleNamespace(device=SimpleNamespace(type="cpu")), None, 1).on_host
+    assert not ResultRuns(SimpleNamespace(device=SimpleNamespace(type="meta")), None, 1).on_host
+    assert ResultRuns(SimpleNamespace(device="cpu"), None, 1).on_host
+    assert not ResultRuns(SimpleNamespace(device="cuda"), None, 1).on_host
 
 
 def test_fill_refuses_outcomes_that_do_not_match_the_waiting_runs_and_a_gap_names_its_request():
@@ -218,3 +226,24 @@ def test_fill_refuses_outcomes_that_do_not_match_the_waiting_runs_and_a_gap_name
     g, m = object(), G.matcher("regex", VOCAB)
     gap = led.advance_many([("r9", g, 0, doc[:1], m), ("r9", g, 4, doc[4:5], m)])[1]
     assert isinstance(gap, LedgerGapError) and "'r9'" in str(gap)
+
+
+def test_runs_fed_whole_by_the_native_call_are_booked_as_the_ledger_books_them():
+    """``fill``'s common case (a run fed whole, booked in its loop) books what ``AcceptLedger._record`` books: the
+    position moves past the run, its tokens are counted, the matcher is known live (the next run of it is packed with
+    ``live`` 1, so the native feed skips its termination check) and the history keeps the last ``history`` runs (an
+    older one is forgotten)."""
+    doc = _doc(13)
+    assert len(doc) >= 6
+    led = AcceptLedger(history=2, native=native())
+    g, m = object(), G.matcher("regex", VOCAB)
+    for k in range(3):  # runs of two tokens at 0, 2 and 4, each queued by row of a result
+        plan = led.plan()
+        plan.add_rows([("a", g, 2 * k, m, 0)], result_runs([doc[2 * k : 2 * k + 2]]))
+        assert plan.pending()[1][0] == (1 if k else 0)  # unknown before the first run, live after each
+        plan.feed()
+        assert plan.out[0] == AdvanceOutcome(2 * k, tuple(doc[2 * k : 2 * k + 2]), tuple(doc[2 * k : 2 * k + 2]),
+                                             False, None)
+    assert led.consumed("a") == 6 and led.tokens_fed == 6
+    assert led.outcome("a", 0) is None  # history=2: the run at 0 is forgotten
+    assert led.outcome("a", 2) is not None and led.outcome("a", 4) == plan.out[0]

@@ -575,6 +575,17 @@ def test_only_stale_rows_this_build_did_not_overwrite_are_reset():
     assert bool((got.bitmask[:N] == -1).all())
 
 
+def test_a_larger_batch_in_the_buffers_spare_capacity_resets_only_its_new_rows():
+    """Rows handed out for the first time are reset when first used, once: a batch that grows inside the buffer's
+    capacity (2 -> 3 requests: 2 N rows make a buffer of the next power of two, which holds 3 N) resets its new rows
+    and nothing it already had (its first two requests fill the same rows as before)."""
+    builder = TreeMaskBuilder(threads=1)
+    builder.build(*_batch([0, 1]), VOCAB)
+    assert builder.reset_rows == 2 * N
+    builder.build(*_batch([0, 1, 2]), VOCAB)
+    assert builder.allocations == 1 and builder.reset_rows == 3 * N
+
+
 def test_a_build_that_raises_through_makes_the_next_reset_everything(monkeypatch):
     """A build interrupted after writing rows (an exception the builder does not handle) leaves the buffer unknown:
     the next build resets every row it uses and is exact again."""
