@@ -265,8 +265,10 @@ class ResultRuns:
 
 
 def _on_host(t: Any) -> bool:
-    """A tensor in host memory (anything without a device counts as one: lists, numpy)."""
-    is_cpu = getattr(t, "is_cpu", None)  # a torch tensor's: one attribute read, no ``torch.device`` object made
+    """Data in host memory: a torch tensor by its ``is_cpu`` flag (one attribute read, no ``torch.device`` object
+    made), anything else by its device's type (numpy 2's is the string ``"cpu"``); without a device (lists, numpy 1),
+    host."""
+    is_cpu = getattr(t, "is_cpu", None)
     if is_cpu is not None:
         return bool(is_cpu)
     device = getattr(t, "device", None)

@@ -276,7 +276,7 @@ class TreeMaskBuilder:
             self.reset_rows += rows - clean
         self._dirty = None
         head = self._head
-        if head is None or head[0] != rows:  # the same batch size as the last build: the same view
+        if head is None or head[0] != rows:  # a new view only when the batch size (or the buffer) changed
             head = self._head = (rows, buf[:rows])
         return head[1], stale
 
