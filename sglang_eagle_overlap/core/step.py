@@ -190,6 +190,16 @@ class _GrammarThread:
                 self._done.release()
 
 
+def _rows(nxt: torch.Tensor, sib: torch.Tensor, draft: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A verify tree's host tensors as ``[bs, n]`` (``bs``, ``n``: the next-token tensor's first and last dimension):
+    as they are when all three are 2-D already (the copier gives them the next-token tensor's shape: no torch call
+    per step), else as reshaped views."""
+    if nxt.dim() == 2 and sib.dim() == 2 and draft.dim() == 2:
+        return nxt, sib, draft
+    bs, n = nxt.shape[0], nxt.shape[-1]
+    return nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n)
+
+
 def _native_job(results: Sequence[ResultRuns], tree: PendingTree, upload_event: Optional[DeviceEvent],
                 call: Callable[[], Any]) -> Tuple[Any, float, float, float]:
     """The grammar thread's part of a step (``GrammarStep.start_build``): GIL-free device-event waits for the previous
@@ -477,14 +487,10 @@ class GrammarStep:
             self._collect(job)
             plan = job.ledger_plan
             assert plan is not None
-            host = tree.host
-            nxt = host[0]
-            bs, n = nxt.shape[0], nxt.shape[-1]
-            job.tree_nodes = n
-            # The tree copy's host buffers as [bs, n] (valid now, filled once the copy is done: the grammar thread
-            # waits). The copier gives all three the next-token tensor's shape, so a [bs, n] tree is used as it is.
-            job.tree_views = host if nxt.dim() == 2 else (nxt.reshape(bs, n), host[1].reshape(bs, n),
-                                                            host[2].reshape(bs, n))
+            # The tree copy's host buffers as [bs, n]: valid now, filled once the copy is done (the grammar thread
+            # waits)
+            job.tree_views = _rows(*tree.host)
+            n = job.tree_nodes = job.tree_views[0].shape[1]
             job.build = builder.prepare(requests, n, vocab_size, allow_timeout=job.allow_timeout, feeds=plan)
             if job.build.handles is not None:
                 call = builder.native_call(job.build, *job.tree_views)
@@ -598,9 +604,8 @@ class GrammarStep:
             if self._upload_event is not None:
                 self._upload_event.synchronize()  # normally long done
                 self._upload_event = None
-            bs, n = nxt.shape[0], nxt.shape[-1]
-            job.tree_nodes = n
-            tree = (nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n))
+            tree = _rows(nxt, sib, draft)
+            n = job.tree_nodes = tree[0].shape[1]
             builder = self.builder
             build = job.build
             if build is None:
