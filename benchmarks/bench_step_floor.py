@@ -13,10 +13,9 @@ thread on; :func:`bench_thread_handoff.band_loop`):
 2. **How far can the ledger's per-run Python go?** Step by step in the same process, alternating (A B B A), the
    shipped step and a *lean* one whose ``LedgerPlan.fill`` does only what a ledger kept in C++ would leave to Python:
    the run's tokens sliced from one host list per result, SGLang's ``XGrammarGrammar`` record, the ledger entry's
-   position, liveness and history (the tokens, not an ``AdvanceOutcome``), and no outcome list for 0.5.23's ``done``
-   (the runs go to SGLang as they are). It skips no native work, but it is **not exactly-once-safe** (no outcome for
-   a replay, no rejection handling): a bound on the lever, not a candidate. ``lean/shipped`` is the ratio of the
-   medians.
+   position, liveness and history, one outcome per run (0.5.23's ``done`` reads them, in one pass since the 13th
+   session) and no checks. It skips no native work, but it is **not exactly-once-safe** (no rejection or termination
+   handling): a bound on the lever, not a candidate. ``lean/shipped`` is the ratio of the medians.
 
 Run (the lock keeps it away from engine runs)::
 
@@ -38,11 +37,13 @@ EVICT_BYTES = 64 << 20
 
 
 def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[Any, ...]], None]]:
-    """The shipped ``(LedgerPlan.fill, step._fed, band.kept_runs)``, the lean ones (module docstring) and a function
-    that installs one of the two triples."""
-    from sglang_eagle_overlap.adapters.v0_5_23 import band
+    """The shipped ``(LedgerPlan.fill, step._fed)``, the lean ones (module docstring) and a function that installs one
+    of the two pairs."""
+    from sglang_eagle_overlap.core import ledger as ledger_mod
     from sglang_eagle_overlap.core import step as step_mod
     from sglang_eagle_overlap.core.ledger import LedgerPlan
+
+    outcome = ledger_mod._outcome  # an AdvanceOutcome without its Python __new__ (0.5.23's done reads the outcomes)
 
     def lean_fill(plan: Any, feeds: Any, errors: Any) -> None:
         batch = plan._batch
@@ -52,7 +53,7 @@ def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[An
         for slot, entry, start, _toks, grammar, _on_feed, result, row in batch:
             ids, lens = result.lists()  # decode results: lens is a list
             a = row * result.stride
-            toks = ids[a : a + lens[row]]
+            toks = tuple(ids[a : a + lens[row]])
             grammar.current_token = toks[-1]
             grammar.accepted_tokens.extend(toks)
             entry.live, entry.consumed = True, start + len(toks)
@@ -60,13 +61,13 @@ def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[An
             history[start] = toks
             if len(history) > depth:
                 del history[next(iter(history))]
-            out[slot] = toks
+            out[slot] = outcome((start, toks, toks, False, None))
 
-    shipped = (LedgerPlan.fill, step_mod._fed, band.kept_runs)
-    lean = (lean_fill, lambda plan, slots: [plan.out[i] for i in slots], lambda step, reqs, outcomes: outcomes)
+    shipped = (LedgerPlan.fill, step_mod._fed)
+    lean = (lean_fill, lambda plan, slots: [plan.out[i] for i in slots])
 
-    def install(triple: Tuple[Any, ...]) -> None:
-        LedgerPlan.fill, step_mod._fed, band.kept_runs = triple
+    def install(pair: Tuple[Any, ...]) -> None:
+        LedgerPlan.fill, step_mod._fed = pair
 
     return shipped, lean, install
 

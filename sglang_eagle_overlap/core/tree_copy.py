@@ -87,16 +87,18 @@ class HostTreeCopier:
                 f"{tuple(retrieve_next_token.shape)}, retrieve_next_sibling {tuple(retrieve_next_sibling.shape)}, "
                 f"draft_tokens {tuple(draft_tokens.shape)}"
             )
-        draft_tokens = draft_tokens.reshape(retrieve_next_token.shape)
+        if draft_tokens.shape != retrieve_next_token.shape:
+            draft_tokens = draft_tokens.reshape(retrieve_next_token.shape)
         tensors = (retrieve_next_token, retrieve_next_sibling, draft_tokens)
-        device = next((t.device for t in tensors if t.device.type != "cpu"), None)
-        if device is None:
+        # ``is_cpu``: one flag read per tensor, no device object made (a host tree passes every step)
+        if retrieve_next_token.is_cpu and retrieve_next_sibling.is_cpu and draft_tokens.is_cpu:
             return PendingTree(host=tensors, event=None, resolved=True)
+        device = next(t.device for t in tensors if not t.is_cpu)
         slot = self._slot
         self._slot = (self._slot + 1) % self.num_slots
         host = []
         for i, t in enumerate(tensors):
-            if t.device.type == "cpu":
+            if t.is_cpu:
                 host.append(t)
                 continue
             buf = self._host_buffer(slot, i, t)

@@ -15,7 +15,7 @@ Decided once for every integration (hooks and patched SGLang alike):
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core.ledger import AdvanceOutcome, ResultRuns, RowRun, Run
 from sglang_eagle_overlap.core.mask import MaskBatch, MaskRequest
@@ -33,6 +33,7 @@ __all__ = [
     "finish_with_error",
     "innermost_grammar",
     "is_xgrammar",
+    "kept_run",
     "kept_runs",
     "mask_request_for",
     "mask_requests",
@@ -85,15 +86,16 @@ class RequestView:
     request holds the same grammar object and that grammar the same matcher (a host that rebuilds or swaps either gets
     a new view at the next step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
 
-    __slots__ = ("grammar", "row", "free")
+    __slots__ = ("grammar", "row", "free", "key", "native")
 
     def __init__(self, req: Any, grammar: Any) -> None:
-        key = str(getattr(req, "rid", ""))
+        key = self.key = str(getattr(req, "rid", ""))  # the ledger's key of the request
         self.grammar = grammar
         self.free = MaskRequest(None, None, key)
+        self.native = grammar is not None and is_xgrammar(grammar)  # fed and walked through its bare matcher
         if grammar is None:
             self.row = self.free
-        elif is_xgrammar(grammar):
+        elif self.native:
             self.row = MaskRequest(grammar.matcher, None, key)
         else:
             self.row = MaskRequest(None, grammar, key)
@@ -108,28 +110,46 @@ def mask_request_for(req: Any) -> MaskRequest:
     (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
     (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it.
     The view kept on the request is used while its grammar and that grammar's matcher (its row's) are the same
-    objects; else a new one is made and kept."""
-    grammar = getattr(req, "grammar", None)
-    view = getattr(req, VIEW_ATTR, None)
-    if view is None or view.grammar is not grammar or (view.row.matcher is not None and
-                                                        view.row.matcher is not getattr(grammar, "matcher", None)):
+    objects; else a new one is made and kept. :func:`mask_requests` of one request."""
+    return mask_requests((req,))[0]
+
+
+def _view_of(req: Any, grammar: Any) -> RequestView:
+    """``req``'s kept :class:`RequestView` while it was made from ``grammar`` and that grammar's matcher, else a new
+    one, kept on the request when it takes the attribute."""
+    view: Optional[RequestView] = getattr(req, VIEW_ATTR, None)
+    if view is None or view.grammar is not grammar or (view.native and view.row.matcher is not grammar.matcher):
         view = RequestView(req, grammar)
         try:
             setattr(req, VIEW_ATTR, view)
         except AttributeError:  # a request object that takes no new attribute: a fresh view each step, same rows
             pass
-    if grammar is None:
-        return view.free
-    finished = getattr(req, "finished", None)
-    if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
-        return view.free
-    return view.row
+    return view
 
 
-def mask_requests(reqs: Sequence[Any]) -> MaskBatch:
-    """:func:`mask_request_for` of every request (looked up at each call: test fault injection wraps it), as a
-    ``MaskBatch``, which sorts the rows for the build as they are added."""
-    return MaskBatch.of(map(mask_request_for, reqs))
+def mask_requests(reqs: Iterable[Any]) -> MaskBatch:
+    """Every request's row (:func:`mask_request_for`) as a ``MaskBatch``, sorted for the build in the same pass (one
+    loop over the requests per step: issue 17)."""
+    out = MaskBatch()
+    native, generic, matchers, append = out.native, out.generic, out.matchers, out.append
+    for i, req in enumerate(reqs):
+        grammar = getattr(req, "grammar", None)
+        view = _view_of(req, grammar)
+        if grammar is None:
+            append(view.free)
+            continue
+        finished = getattr(req, "finished", None)
+        if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
+            append(view.free)
+            continue
+        row = view.row
+        if row.matcher is not None:
+            native.append(i)
+            matchers.append(row.matcher)
+        elif row.grammar is not None:
+            generic.append(i)
+        append(row)
+    return out
 
 
 def finish_with_error(req: Any, message: str) -> bool:
@@ -203,9 +223,16 @@ def accept_runs(step: GrammarStep, rows: Sequence[RequestRun]) -> List[List[int]
 
 
 def kept_runs(step: GrammarStep, reqs: Sequence[Any], outcomes: Sequence[AdvanceOutcome]) -> List[List[int]]:
-    """The run each request keeps from its outcome (module docstring); a rejection aborts that request alone."""
-    return [list(o.retained) if o.error is None and (o.retained or not o.terminated) else _kept(step, req, o.tokens, o)
-            for req, o in zip(reqs, outcomes)]
+    """The run each request keeps from its outcome (:func:`kept_run`), in order."""
+    return [kept_run(step, req, o) for req, o in zip(reqs, outcomes)]
+
+
+def kept_run(step: GrammarStep, req: Any, outcome: AdvanceOutcome) -> List[int]:
+    """The run ``req`` keeps from ``outcome`` (module docstring): the retained tokens, unless the grammar had already
+    terminated (then the first token); a rejection aborts ``req`` alone (once, counted)."""
+    if outcome.error is None and (outcome.retained or not outcome.terminated):
+        return list(outcome.retained)
+    return _kept(step, req, outcome.tokens, outcome)
 
 
 def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
@@ -214,9 +241,7 @@ def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -
     o = step.replay(str(req.rid), start, tokens)
     if o is None:
         return accept_runs(step, ((req, start, [int(t) for t in tokens]),))[0]
-    if o.error is None and (o.retained or not o.terminated):
-        return list(o.retained)
-    return _kept(step, req, o.tokens, o)
+    return kept_run(step, req, o)
 
 
 def _kept(step: GrammarStep, req: Any, tokens: Sequence[int], outcome: AdvanceOutcome) -> List[int]:
@@ -258,7 +283,12 @@ def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[s
             continue
         if prefill and req.inflight_middle_chunks > 0:
             continue  # a chunk that did not finish the prompt emits no token
-        out.append((str(req.rid), grammar, len(req.output_ids), grammar.matcher if is_xgrammar(grammar) else None, i))
+        # the request's view (made at its first mask build): its key and whether its grammar is xgrammar's own, not
+        # derived again; the matcher is read from the grammar, so a swapped one is fed all the same
+        view = getattr(req, VIEW_ATTR, None)
+        if view is None or view.grammar is not grammar:
+            view = _view_of(req, grammar)
+        out.append((view.key, grammar, len(req.output_ids), grammar.matcher if view.native else None, i))
     return out
 
 

@@ -98,6 +98,10 @@ class DeviceTensor(torch.Tensor):
     def device(self):
         return torch.device("cuda", 0)
 
+    @property
+    def is_cpu(self):  # what the copier reads to tell host tensors from device ones
+        return False
+
 
 class _Module:
     """Stands in for ``torch.cuda`` (what ``torch.get_device_module`` returns): its events count records."""

@@ -453,7 +453,7 @@ _BREAKDOWN_0_5_16 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5
     "result_rows", "settle_mask"))
 _BREAKDOWN_0_5_23 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_23.band", fn, None) for fn in (
     "hand_over_verify", "start_grammar_job", "build_grammar_vocab_mask", "advance_grammar_fsm", "mask_requests",
-    "result_rows", "kept_runs", "settle_mask"))
+    "result_rows", "kept_run", "settle_mask"))
 # The model forward ("GPU work" on a CPU engine: it runs synchronously on the scheduler thread there).
 _FORWARD = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
 _OPTIONAL_MODULE_PREFIX = "sglang_eagle_overlap."  # the product plugin may be absent

@@ -35,7 +35,7 @@ from sglang_eagle_overlap.core.step import MaskJob
 from sglang_eagle_overlap.core.tree_copy import PendingTree
 from sglang_eagle_overlap.integration import drafts, runtime
 from sglang_eagle_overlap.core.ledger import AdvanceOutcome
-from sglang_eagle_overlap.integration.requests import (advance_rows_later, kept_runs, mask_requests, result_rows,
+from sglang_eagle_overlap.integration.requests import (advance_rows_later, kept_run, mask_requests, result_rows,
                                                       settle_mask)
 from sglang_eagle_overlap.integration.runtime import Runtime
 
@@ -200,16 +200,18 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     reqs = batch.reqs
 
     def done(outcomes: List[AdvanceOutcome]) -> None:
-        kept = kept_runs(step, [reqs[row[4]] for row in rows], outcomes)
-        if is_decode:
+        keys = [row[0] for row in rows]
+        if is_decode:  # the run each request keeps (kept_run), by batch row, in one pass
             retained: List[Optional[List[int]]] = [None] * len(reqs)
-            keys = []
-            for row, run in zip(rows, kept):
-                retained[row[4]] = run
-                keys.append(row[0])
+            for row, o in zip(rows, outcomes):
+                i = row[4]
+                retained[i] = list(o.retained) if o.error is None and (o.retained or not o.terminated) else \
+                    kept_run(step, reqs[i], o)
             result.grammar_retained_tokens = retained
         else:
-            keys = [row[0] for row in rows]
+            for row, o in zip(rows, outcomes):  # a prefill keeps its token unless rejected (which aborts it)
+                if o.error is not None:
+                    kept_run(step, reqs[row[4]], o)
         step.prune(keys, finished)
 
     # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
