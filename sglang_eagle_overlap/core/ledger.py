@@ -124,14 +124,18 @@ _outcome = functools.partial(tuple.__new__, AdvanceOutcome)
 
 class _Entry:
     """``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
-    only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key."""
+    only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key. ``last`` is the
+    start of the newest (-1: none), which the history always keeps: a run asked at ``consumed`` can only be in the
+    history as the newest one (every older run started before it, and ``consumed`` is at least the newest start), so
+    ``start == consumed and start != last`` says "a fresh run" without a look into the history."""
 
-    __slots__ = ("consumed", "grammar", "history", "live", "handle")
+    __slots__ = ("consumed", "grammar", "history", "live", "handle", "last")
 
     def __init__(self, consumed: int, grammar: object = None) -> None:
         self.consumed = consumed
         self.grammar = grammar
         self.history: Dict[int, AdvanceOutcome] = {}
+        self.last = -1
         self.live = False  # the last run this entry fed left its grammar not terminated (False: unknown or terminated)
         self.handle: Any = None  # the native handle of the grammar's matcher, once a plan queued a run of it
 
@@ -202,6 +206,7 @@ class AcceptLedger:
         entry.consumed = start + retained
         history = entry.history
         history[start] = outcome
+        entry.last = start
         if len(history) > self._history:  # one run in, at most one out (the oldest: _Entry)
             del history[next(iter(history))]
         return outcome
@@ -348,7 +353,7 @@ class LedgerPlan:
                 entry = entries.get(key)
                 if entry is None or entry.grammar is not grammar:  # as in _add: a new or rebuilt request
                     entry = entries[key] = _Entry(consumed=start, grammar=grammar)
-                if start == entry.consumed and start not in entry.history:
+                if start == entry.consumed and start != entry.last:  # a fresh run (_Entry)
                     if k is None:
                         k = self._result_at[id(result)] = len(self._results)
                         self._results.append(result)
@@ -465,6 +470,7 @@ class LedgerPlan:
                     entry.consumed = start + kept
                     history = entry.history
                     history[start] = outcome
+                    entry.last = start
                     if len(history) > depth:
                         del history[next(iter(history))]
                     out[slot] = outcome

@@ -371,7 +371,7 @@ class TreeMaskBuilder:
         # The native walk (core/native.py): the lockstep walk in one C++ call, for a batch of plain xgrammar matchers
         # on a host mask, without forced-draft recording and on the real clock (an injected clock is Python's).
         if (self.native is not None and native and self.strategy == "lockstep" and forced is None
-                and self.clock is time.perf_counter and plan.mask.device.type == "cpu"):
+                and self.clock is time.perf_counter and plan.mask.is_cpu):
             plan.handles = self.native.handles(matchers)
         if plan.handles is None or self.native is None:
             if feeds is not None:

@@ -148,16 +148,17 @@ class NativeGrammar:
         """The tvm-ffi objects of ``matchers``, or None if one of them is not exactly ``xgrammar.GrammarMatcher``."""
         t = self.matcher_type
         out: List[Any] = []
+        append = out.append
         for m in matchers:
             if type(m) is not t:
                 return None
-            out.append(self.handle(m))
+            append(m._handle)  # :meth:`handle`, inline (once per request and step)
         return out
 
     @staticmethod
     def handle(matcher: Any) -> Any:
         """The tvm-ffi object of an ``xgrammar.GrammarMatcher`` whose type the caller checked (``matcher_type``):
-        xgrammar's ``_handle``, the only place this package reads that private attribute."""
+        xgrammar's ``_handle``, the only attribute of it this package reads (here and in :meth:`handles`)."""
         return getattr(matcher, "_handle")
 
     def step_batch(self, feed_handles: Sequence[Any], feed_packed: Sequence[int],

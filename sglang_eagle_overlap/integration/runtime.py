@@ -45,6 +45,9 @@ class Runtime:
     forced_decided: bool = False  # forced drafts on "auto": kept or dropped at the first verify (drafts.before_verify)
     # 0.5.16: whether the server's algorithm is one the band keeps, decided at the first ask per server_args object
     eagle_server: Optional[Tuple[Any, bool]] = None
+    # 0.5.16: a batch's ``can_mask`` verdict, as (its request list, that list's length, verdict), handed from the
+    # scheduler's overlap decision to the same batch's verify entry (band.mask_verdict)
+    mask_verdict: Optional[Tuple[Any, int, bool]] = None
 
 
 _process: List[Optional[Runtime]] = [None]

@@ -449,8 +449,8 @@ _BREAKDOWN_CORE = tuple(("sglang_eagle_overlap.core." + m, cls, fn) for m, cls, 
     ("ledger", "LedgerPlan", "add_rows"), ("ledger", "LedgerPlan", "fill"), ("mask", "TreeMaskBuilder", "prepare"),
     ("mask", "TreeMaskBuilder", "finish"), ("mask", "TreeMaskBuilder", "native_result")))
 _BREAKDOWN_0_5_16 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_16.band", fn, None) for fn in (
-    "keeps_overlap", "begin_verify", "build_vocab_mask", "advance_queued_results", "accept_tokens", "mask_requests",
-    "result_rows", "settle_mask"))
+    "keeps_overlap", "can_mask", "begin_verify", "build_vocab_mask", "advance_queued_results", "accept_tokens",
+    "mask_requests", "result_rows", "settle_mask"))
 _BREAKDOWN_0_5_23 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_23.band", fn, None) for fn in (
     "hand_over_verify", "start_grammar_job", "build_grammar_vocab_mask", "advance_grammar_fsm", "mask_requests",
     "result_rows", "kept_run", "settle_mask"))

@@ -70,6 +70,7 @@ __all__ = [
     "begin_verify",
     "build_vocab_mask",
     "can_mask",
+    "mask_verdict",
     "owns_verify",
     "eagle_server",
     "is_eagle_family",
@@ -118,6 +119,25 @@ def can_mask(batch: Any) -> bool:
     return True
 
 
+def mask_verdict(rt: Runtime, batch: Any, *, keep: bool = False) -> bool:
+    """:func:`can_mask` of ``batch``, looked at once per step. The scheduler's overlap decision (:func:`keeps_overlap`,
+    ``keep=True``) looks and keeps the verdict on the runtime with the request list it was made for; the same batch's
+    verify entry (:func:`owns_verify`) comes next, with nothing in between that changes its requests or their grammars
+    (a request's grammar is set before it joins a running batch), and takes it -- for that same list object, of the
+    same length -- instead of looking again; any other batch (filtered into a new list, merged into a longer one, a
+    verify without an overlap decision) is looked at."""
+    reqs = batch.reqs
+    if not keep:
+        known = rt.mask_verdict
+        if known is not None and known[0] is reqs and known[1] == len(reqs):
+            rt.mask_verdict = None
+            return known[2]
+        return can_mask(batch)
+    verdict = can_mask(batch)
+    rt.mask_verdict = (reqs, len(reqs), verdict)
+    return verdict
+
+
 # -- scheduler side -------------------------------------------------------------------------------------------------
 def keeps_overlap(rt: Runtime, batch: Any, result_queue: Any) -> bool:
     """True: this grammar decode batch may overlap the previous one, because its verify advances the previous batch's
@@ -128,7 +148,7 @@ def keeps_overlap(rt: Runtime, batch: Any, result_queue: Any) -> bool:
     if not is_eagle_family(batch):
         announce_stand_aside(rt, batch)  # e.g. NGRAM: SGLang's synchronous grammar path, said once
         return False
-    keep = can_mask(batch)
+    keep = mask_verdict(rt, batch, keep=True)
     if keep and len(result_queue or ()) > 0:
         rt.step.count("overlap_kept")
     return keep
@@ -152,7 +172,7 @@ def owns_verify(rt: Runtime, batch: Any) -> bool:
     ``run_eagle_verify`` entry (:func:`before_verify`), and handed to :func:`begin_verify`."""
     if not getattr(batch, "has_grammar", False) or not is_eagle_family(batch) or batch.forward_mode.is_idle():
         return False
-    if not can_mask(batch):
+    if not mask_verdict(rt, batch):
         rt.step.count("fallback_steps")
         return False
     return True
