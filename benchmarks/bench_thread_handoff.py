@@ -82,11 +82,13 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
     the ``nested`` JSON grammar, EAGLE topk 1), each step's barrier feeding the previous step's runs
     (``band.advance_grammar_fsm``), ``start_build`` -> ``launch()`` (the stand-in verify launch) -> ``finish_build``,
     and the retained runs appended as SGLang's post-processing would. ``before_step(s)`` runs before step ``s``
-    (outside the timed part). Yields per step: ``s``, ``wall_s`` (start_build .. end of finish_build), ``sched_cpu_s``
-    (the calling thread's CPU time in start_build and finish_build, not in the launch) and ``handoff_s``."""
+    (outside the timed part; the band's and the requests module's functions are looked up at every step, so it may
+    swap them). Yields per step: ``s``, ``wall_s`` (start_build .. end of finish_build), ``sched_cpu_s`` (the calling
+    thread's CPU time in start_build and finish_build, not in the launch), ``handoff_s``, and ``kept`` / ``offered``:
+    the tokens the step's retained runs hold and the tokens its result offered (equal: every run kept whole)."""
     from sglang_eagle_overlap.adapters.v0_5_23 import band
     from sglang_eagle_overlap.core.step import GrammarStep
-    from sglang_eagle_overlap.integration.requests import mask_requests
+    from sglang_eagle_overlap.integration import requests as rq
     from sglang_eagle_overlap.integration.runtime import load_native_for
 
     plan = make_plan("nested", VOCAB, 1, 3, bs, steps + 1, 0)
@@ -110,7 +112,7 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
             draft = tok.clone()
             h0 = step.stats.handoff_s
             t0, c0 = time.perf_counter(), time.thread_time()
-            job = step.start_build(mask_requests(reqs), pending, vocab_size=VOCAB,
+            job = step.start_build(rq.mask_requests(reqs), pending, vocab_size=VOCAB,
                                    barrier=lambda: band.advance_grammar_fsm(rt, result, batch), allow_timeout=False)
             c1 = time.thread_time()
             launch()
@@ -118,7 +120,8 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
             step.finish_build(job, device="cpu", draft_device=draft)
             c3, t3 = time.thread_time(), time.perf_counter()
             yield {"s": s, "wall_s": t3 - t0, "sched_cpu_s": (c1 - c0) + (c3 - c2),
-                   "handoff_s": step.stats.handoff_s - h0}
+                   "handoff_s": step.stats.handoff_s - h0,
+                   "kept": sum(map(len, result.grammar_retained_tokens)), "offered": int(lens.sum())}
             for i, r in enumerate(reqs):
                 r.output_ids.extend(result.grammar_retained_tokens[i])
     finally:

@@ -152,7 +152,7 @@ class NativeGrammar:
         for m in matchers:
             if type(m) is not t:
                 return None
-            append(m._handle)  # :meth:`handle`, inline (once per request and step)
+            append(getattr(m, "_handle"))  # :meth:`handle`, inline (once per request and step)
         return out
 
     @staticmethod

@@ -82,9 +82,11 @@ class RequestView:
     shares), made from its grammar object once instead of at every step (issue 17: one ``MaskRequest`` per request per
     step was the largest per-request piece before the verify launch), and the grammar they were made from. The
     constrained row holds the bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself, else the
-    grammar object. Kept on the ``Req`` (attribute :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the
-    request holds the same grammar object and that grammar the same matcher (a host that rebuilds or swaps either gets
-    a new view at the next step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
+    grammar object. Also the request's ledger key (``key``: its id as a string) and whether its grammar is
+    ``XGrammarGrammar`` itself (``native``), which :func:`committed_rows` reads instead of deriving them per step. Kept
+    on the ``Req`` (attribute :data:`VIEW_ATTR`) by :func:`mask_requests`, valid while the request holds the same
+    grammar object and that grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next
+    step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
 
     __slots__ = ("grammar", "row", "free", "key", "native")
 

@@ -247,3 +247,29 @@ def test_runs_fed_whole_by_the_native_call_are_booked_as_the_ledger_books_them()
     assert led.consumed("a") == 6 and led.tokens_fed == 6
     assert led.outcome("a", 0) is None  # history=2: the run at 0 is forgotten
     assert led.outcome("a", 2) is not None and led.outcome("a", 4) == plan.out[0]
+
+
+def test_a_run_booked_by_the_native_call_is_a_replay_when_asked_again_at_its_start_even_if_it_moved_nothing():
+    """A fresh run is told from a re-ask by the entry's newest start (``_Entry.last``), which ``fill`` books with the
+    run: an empty run (it leaves the position where it was) asked again at that position is answered from the history
+    as a replay, and neither fed nor reported to ``on_feed`` a second time."""
+    doc = _doc(17)
+    led = AcceptLedger(native=native())
+    g, m = object(), G.matcher("regex", VOCAB)
+    fed: List[Any] = []
+    on_feed = lambda grammar, outcome: fed.append(outcome)  # noqa: E731
+    plan = led.plan()
+    plan.add_rows([("a", g, 0, m, 0)], result_runs([doc[:2]]), on_feed)
+    plan.feed()
+    empty = ResultRuns(torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32), 2)  # a row of no token
+    plan = led.plan()
+    plan.add_rows([("a", g, 2, m, 0)], empty, on_feed)
+    assert len(plan) == 1  # fresh: queued for the native call
+    plan.feed()
+    assert plan.out[0] == AdvanceOutcome(2, (), (), False, None) and led.consumed("a") == 2
+    replays = led.replays
+    plan = led.plan()
+    plan.add_rows([("a", g, 2, m, 0)], empty, on_feed)
+    assert len(plan) == 0 and led.replays == replays + 1  # answered from the history, not queued again
+    plan.feed()
+    assert plan.out[0] == AdvanceOutcome(2, (), (), False, None) and len(fed) == 2 and led.tokens_fed == 2
