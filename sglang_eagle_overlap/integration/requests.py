@@ -84,7 +84,7 @@ class RequestView:
     constrained row holds the bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself, else the
     grammar object. Also the request's ledger key (``key``: its id as a string) and whether its grammar is
     ``XGrammarGrammar`` itself (``native``), which :func:`committed_rows` reads instead of deriving them per step. Kept
-    on the ``Req`` (attribute :data:`VIEW_ATTR`) by :func:`mask_requests`, valid while the request holds the same
+    on the ``Req`` (attribute :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the request holds the same
     grammar object and that grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next
     step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
 
@@ -112,8 +112,16 @@ def mask_request_for(req: Any) -> MaskRequest:
     (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
     (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it.
     The view kept on the request is used while its grammar and that grammar's matcher (its row's) are the same
-    objects; else a new one is made and kept. :func:`mask_requests` of one request."""
-    return mask_requests((req,))[0]
+    objects; else a new one is made and kept. The one place a request's mask row is chosen: a hook on it (test fault
+    injection) sees every row of every build."""
+    grammar = getattr(req, "grammar", None)
+    view = _view_of(req, grammar)
+    if grammar is None:
+        return view.free
+    finished = getattr(req, "finished", None)
+    if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
+        return view.free
+    return view.row
 
 
 def _view_of(req: Any, grammar: Any) -> RequestView:
@@ -130,28 +138,9 @@ def _view_of(req: Any, grammar: Any) -> RequestView:
 
 
 def mask_requests(reqs: Iterable[Any]) -> MaskBatch:
-    """Every request's row (:func:`mask_request_for`) as a ``MaskBatch``, sorted for the build in the same pass (one
-    loop over the requests per step: issue 17)."""
-    out = MaskBatch()
-    native, generic, matchers, append = out.native, out.generic, out.matchers, out.append
-    for i, req in enumerate(reqs):
-        grammar = getattr(req, "grammar", None)
-        view = _view_of(req, grammar)
-        if grammar is None:
-            append(view.free)
-            continue
-        finished = getattr(req, "finished", None)
-        if (callable(finished) and finished()) or getattr(req, "to_finish", None) is not None:
-            append(view.free)
-            continue
-        row = view.row
-        if row.matcher is not None:
-            native.append(i)
-            matchers.append(row.matcher)
-        elif row.grammar is not None:
-            generic.append(i)
-        append(row)
-    return out
+    """:func:`mask_request_for` of every request (looked up at each call: test fault injection wraps it), as a
+    ``MaskBatch``, which sorts the rows for the build as they are added."""
+    return MaskBatch.of(map(mask_request_for, reqs))
 
 
 def finish_with_error(req: Any, message: str) -> bool:
