@@ -29,12 +29,10 @@ import statistics
 import subprocess
 import sys
 import types
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 # run as a script, benchmarks/ is on the path; bench_thread_handoff puts the checkout and dev/ there
-from bench_thread_handoff import ROOT, band_loop, save
-
-EVICT_BYTES = 64 << 20
+from bench_thread_handoff import ROOT, paired_steps, save
 MODULES = ("sglang_eagle_overlap.core.ledger", "sglang_eagle_overlap.core.mask", "sglang_eagle_overlap.core.native",
            "sglang_eagle_overlap.core.step", "sglang_eagle_overlap.core.tree_copy",
            "sglang_eagle_overlap.integration.requests", "sglang_eagle_overlap.adapters.v0_5_23.band")
@@ -118,32 +116,11 @@ def install(version: List[Tuple[Slot, Any]]) -> None:
 
 def run(bs: int, steps: int, warmup: int, this: List[Tuple[Slot, Any]], that: List[Tuple[Slot, Any]]
         ) -> Dict[str, Any]:
-    """One batch size in this process: the median scheduler-thread CPU time per step of each version (A B B A)."""
-    import torch
-
-    trash = torch.zeros(EVICT_BYTES // 4)
-
-    def evict() -> None:
-        trash.add_(1.0)
-
-    def is_rev(s: int) -> bool:
-        return s % 4 in (1, 2)  # A B B A (bench_step_floor: plain alternation favours the odd steps by ~3 %)
-
-    per: Dict[str, List[float]] = {"this": [], "rev": []}
-    lost = 0
-    before: Callable[[int], None] = lambda s: (install(that if is_rev(s) else this), evict())  # noqa: E731
-    try:
-        for r in band_loop(bs, steps, True, evict, before):
-            lost += r["offered"] - r["kept"]
-            if r["s"] > warmup:
-                per["rev" if is_rev(r["s"]) else "this"].append(r["sched_cpu_s"])
-    finally:
-        install(this)
-    if lost:
-        raise RuntimeError(f"bs {bs}: {lost} offered tokens were not kept: the two versions do not agree")
-    a, b = statistics.median(per["rev"]), statistics.median(per["this"])
-    return {"bs": bs, "steps": len(per["this"]) + len(per["rev"]), "rev_ms": a * 1e3, "this_ms": b * 1e3,
-            "ratio": b / a}
+    """One batch size in this process: the median scheduler-thread CPU time per step of each version, the revision's
+    on the B steps of :func:`bench_thread_handoff.paired_steps` (which also checks every run is kept whole)."""
+    per = paired_steps(bs, steps, warmup, lambda second: install(that if second else this))
+    a, b = statistics.median(per["b"]), statistics.median(per["a"])
+    return {"bs": bs, "steps": len(per["a"]) + len(per["b"]), "rev_ms": a * 1e3, "this_ms": b * 1e3, "ratio": b / a}
 
 
 def markdown(res: Dict[str, Any]) -> str:

@@ -31,9 +31,7 @@ import statistics
 from typing import Any, Callable, Dict, List, Tuple
 
 # run as a script, benchmarks/ is on the path; bench_thread_handoff puts the checkout and dev/ there
-from bench_thread_handoff import ROOT, band_loop, save
-
-EVICT_BYTES = 64 << 20
+from bench_thread_handoff import ROOT, paired_steps, save
 
 
 def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[Any, ...]], None]]:
@@ -73,29 +71,12 @@ def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[An
 
 
 def run(bs: int, steps: int, warmup: int) -> Dict[str, Any]:
-    """One batch size: medians of the scheduler thread's CPU time per step, shipped and lean (alternating)."""
-    import torch
-
+    """One batch size: medians of the scheduler thread's CPU time per step, shipped and lean (alternating A B B A:
+    :func:`bench_thread_handoff.paired_steps`)."""
     shipped, lean, install = lean_variant()
-    trash = torch.zeros(EVICT_BYTES // 4)
-
-    def evict() -> None:
-        trash.add_(1.0)
-
-    def is_lean(s: int) -> bool:
-        # A B B A: each variant on as many odd as even steps (consecutive steps differ: the plan's runs and the
-        # grammar thread's cadence; plain alternation measured a ~3 % bias for whichever variant took the odd steps)
-        return s % 4 in (1, 2)
-
-    per: Dict[str, List[float]] = {"shipped": [], "lean": []}
-    try:
-        for r in band_loop(bs, steps, True, evict, lambda s: (install(lean if is_lean(s) else shipped), evict())):
-            if r["s"] > warmup:
-                per["lean" if is_lean(r["s"]) else "shipped"].append(r["sched_cpu_s"])
-    finally:
-        install(shipped)
-    a, b = statistics.median(per["shipped"]), statistics.median(per["lean"])
-    return {"bs": bs, "steps": len(per["shipped"]) + len(per["lean"]), "shipped_ms": a * 1e3, "lean_ms": b * 1e3,
+    per = paired_steps(bs, steps, warmup, lambda second: install(lean if second else shipped))
+    a, b = statistics.median(per["a"]), statistics.median(per["b"])
+    return {"bs": bs, "steps": len(per["a"]) + len(per["b"]), "shipped_ms": a * 1e3, "lean_ms": b * 1e3,
             "lean_ratio": b / a}
 
 

@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -126,6 +126,38 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
                 r.output_ids.extend(result.grammar_retained_tokens[i])
     finally:
         step.close()
+
+
+EVICT_BYTES = 64 << 20  # what a stand-in forward writes: the caches as cold as after the engine's forward
+
+
+def paired_steps(bs: int, steps: int, warmup: int, install: Callable[[bool], None]) -> Dict[str, List[float]]:
+    """:func:`band_loop` (grammar thread on) with two versions of the step alternated A B B A in this process:
+    ``install(True)`` before the steps of the second (B), ``install(False)`` before the others and at the end; 64 MB
+    written before each step and between its halves (the stand-in launch). A B B A puts each version on as many odd as
+    even steps (consecutive steps differ: the plan's runs and the grammar thread's cadence; plain alternation measured
+    a ~3 % bias for whichever version took the odd steps). Returns the scheduler thread's CPU seconds per step after
+    the warm-up, ``"a"`` and ``"b"``; raises if a step kept fewer tokens than its result offered."""
+    import torch
+
+    trash = torch.zeros(EVICT_BYTES // 4)
+
+    def evict() -> None:
+        trash.add_(1.0)
+
+    def is_b(s: int) -> bool:
+        return s % 4 in (1, 2)
+
+    per: Dict[str, List[float]] = {"a": [], "b": []}
+    try:
+        for r in band_loop(bs, steps, True, evict, lambda s: (install(is_b(s)), evict())):
+            if r["kept"] != r["offered"]:
+                raise RuntimeError(f"bs {bs}, step {r['s']}: {r['offered'] - r['kept']} offered tokens not kept")
+            if r["s"] > warmup:
+                per["b" if is_b(r["s"]) else "a"].append(r["sched_cpu_s"])
+    finally:
+        install(False)
+    return per
 
 
 def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Dict[str, float]:

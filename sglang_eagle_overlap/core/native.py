@@ -148,17 +148,16 @@ class NativeGrammar:
         """The tvm-ffi objects of ``matchers``, or None if one of them is not exactly ``xgrammar.GrammarMatcher``."""
         t = self.matcher_type
         out: List[Any] = []
-        append = out.append
         for m in matchers:
             if type(m) is not t:
                 return None
-            append(getattr(m, "_handle"))  # :meth:`handle`, inline (once per request and step)
+            out.append(self.handle(m))
         return out
 
     @staticmethod
     def handle(matcher: Any) -> Any:
         """The tvm-ffi object of an ``xgrammar.GrammarMatcher`` whose type the caller checked (``matcher_type``):
-        xgrammar's ``_handle``, the only attribute of it this package reads (here and in :meth:`handles`)."""
+        xgrammar's ``_handle``, the only place this package reads that private attribute."""
         return getattr(matcher, "_handle")
 
     def step_batch(self, feed_handles: Sequence[Any], feed_packed: Sequence[int],

@@ -82,22 +82,20 @@ class RequestView:
     shares), made from its grammar object once instead of at every step (issue 17: one ``MaskRequest`` per request per
     step was the largest per-request piece before the verify launch), and the grammar they were made from. The
     constrained row holds the bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself, else the
-    grammar object. Also the request's ledger key (``key``: its id as a string) and whether its grammar is
-    ``XGrammarGrammar`` itself (``native``), which :func:`committed_rows` reads instead of deriving them per step. Kept
-    on the ``Req`` (attribute :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the request holds the same
-    grammar object and that grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next
-    step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
+    grammar object. :func:`committed_rows` reads the request's ledger key (the rows' ``request_id``: its id as a
+    string) and its bare matcher (or None) from it instead of deriving them per step. Kept on the ``Req`` (attribute
+    :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the request holds the same grammar object and that
+    grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
 
-    __slots__ = ("grammar", "row", "free", "key", "native")
+    __slots__ = ("grammar", "row", "free")
 
     def __init__(self, req: Any, grammar: Any) -> None:
-        key = self.key = str(getattr(req, "rid", ""))  # the ledger's key of the request
+        key = str(getattr(req, "rid", ""))
         self.grammar = grammar
         self.free = MaskRequest(None, None, key)
-        self.native = grammar is not None and is_xgrammar(grammar)  # fed and walked through its bare matcher
         if grammar is None:
             self.row = self.free
-        elif self.native:
+        elif is_xgrammar(grammar):
             self.row = MaskRequest(grammar.matcher, None, key)
         else:
             self.row = MaskRequest(None, grammar, key)
@@ -128,7 +126,8 @@ def _view_of(req: Any, grammar: Any) -> RequestView:
     """``req``'s kept :class:`RequestView` while it was made from ``grammar`` and that grammar's matcher, else a new
     one, kept on the request when it takes the attribute."""
     view: Optional[RequestView] = getattr(req, VIEW_ATTR, None)
-    if view is None or view.grammar is not grammar or (view.native and view.row.matcher is not grammar.matcher):
+    if view is None or view.grammar is not grammar or (view.row.matcher is not None and
+                                                        view.row.matcher is not grammar.matcher):
         view = RequestView(req, grammar)
         try:
             setattr(req, VIEW_ATTR, view)
@@ -274,12 +273,8 @@ def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[s
             continue
         if prefill and req.inflight_middle_chunks > 0:
             continue  # a chunk that did not finish the prompt emits no token
-        # the request's view (made at its first mask build): its key and whether its grammar is xgrammar's own, not
-        # derived again; the matcher is read from the grammar, so a swapped one is fed all the same
-        view = getattr(req, VIEW_ATTR, None)
-        if view is None or view.grammar is not grammar:
-            view = _view_of(req, grammar)
-        out.append((view.key, grammar, len(req.output_ids), grammar.matcher if view.native else None, i))
+        row = _view_of(req, grammar).row  # its key and kind, made at its first mask build
+        out.append((row.request_id, grammar, len(req.output_ids), row.matcher, i))
     return out
 
 

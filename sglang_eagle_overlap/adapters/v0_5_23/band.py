@@ -200,19 +200,13 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     reqs = batch.reqs
 
     def done(outcomes: List[AdvanceOutcome]) -> None:
-        keys = [row[0] for row in rows]
-        if is_decode:  # the run each request keeps (kept_run), by batch row, in one pass
-            retained: List[Optional[List[int]]] = [None] * len(reqs)
-            for row, o in zip(rows, outcomes):
-                i = row[4]
-                retained[i] = list(o.retained) if o.error is None and (o.retained or not o.terminated) else \
-                    kept_run(step, reqs[i], o)
+        # the run each request keeps, by batch row, in one pass (a rejection aborts its request alone)
+        retained: List[Optional[List[int]]] = [None] * len(reqs)
+        for row, o in zip(rows, outcomes):
+            retained[row[4]] = kept_run(step, reqs[row[4]], o)
+        if is_decode:
             result.grammar_retained_tokens = retained
-        else:
-            for row, o in zip(rows, outcomes):  # a prefill keeps its token unless rejected (which aborts it)
-                if o.error is not None:
-                    kept_run(step, reqs[row[4]], o)
-        step.prune(keys, finished)
+        step.prune([row[0] for row in rows], finished)
 
     # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
     # tree walk, in one native call; here (post-processing, no build around) at once. SGLang reads
