@@ -169,6 +169,22 @@ class AcceptLedger:
         entry = self._entries.get(key)
         return None if entry is None else entry.history.get(start)
 
+    def kept_whole(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[Tuple[int, ...]]:
+        """The run of ``key`` at ``start``'s tokens when it was fed with these ``tokens``, kept them all and raised
+        nothing; else None -- not fed, cut, rejected or asked with other tokens --, and the caller asks
+        :meth:`outcome` / :meth:`advance_many`. Post-processing's common case in one look; reads only (the caller
+        counts its replays)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        past = entry.history.get(start)
+        if past is None or past.error is not None:
+            return None
+        toks = past.tokens
+        if len(past.retained) != len(toks) or toks != tuple(tokens):  # tuple equality: numpy / torch ints as ints
+            return None
+        return toks
+
     def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int],
                 matcher: Optional[MatcherLike] = None,
                 on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> AdvanceOutcome:

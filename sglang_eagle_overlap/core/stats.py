@@ -46,7 +46,7 @@ class StepStats:
     join_wait_s: float = 0.0
     helper_gil_s: float = 0.0
     handoff_s: float = 0.0
-    last: Dict[str, float] = field(default_factory=dict)
+    _last: Optional[Tuple[float, float, float, int, float]] = None
     # Every counter is present (0) from the start, so readers never see a missing key.
     counters: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
@@ -68,8 +68,16 @@ class StepStats:
         self.mask_s += mask_s
         self.unhidden_s += unhidden_s
         self.mask_timeouts += timeouts
-        self.last = {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs),
-                     "unhidden_s": unhidden_s}
+        self._last = (advance_s, tree_wait_s, mask_s, bs, unhidden_s)  # :attr:`last` makes the dict when read
+
+    @property
+    def last(self) -> Dict[str, float]:
+        """The last step's numbers (empty before the first)."""
+        if self._last is None:
+            return {}
+        advance_s, tree_wait_s, mask_s, bs, unhidden_s = self._last
+        return {"advance_s": advance_s, "tree_wait_s": tree_wait_s, "mask_s": mask_s, "bs": float(bs),
+                "unhidden_s": unhidden_s}
 
     @property
     def grammar_s(self) -> float:

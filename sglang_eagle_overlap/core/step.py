@@ -102,7 +102,7 @@ class MaskJob:
     waiting: List[Tuple[List[int], Callable[[List[AdvanceOutcome]], None]]] = field(default_factory=list)
     build: Optional[BuildPlan] = None
     upload_event: Optional[DeviceEvent] = None  # the previous upload the grammar thread waits for
-    tree_views: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # [bs, n] views of the tree copy
+    tree_views: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # the tree copy, links as [bs, n]
 
     @property
     def advance_s(self) -> float:
@@ -191,10 +191,11 @@ class _GrammarThread:
 
 
 def _rows(nxt: torch.Tensor, sib: torch.Tensor, draft: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A verify tree's host tensors as ``[bs, n]`` (``bs``, ``n``: the next-token tensor's first and last dimension):
-    as they are when all three are 2-D already (the copier gives them the next-token tensor's shape: no torch call
-    per step), else as reshaped views."""
-    if nxt.dim() == 2 and sib.dim() == 2 and draft.dim() == 2:
+    """A verify tree's host tensors with the links as ``[bs, n]`` (``bs``, ``n``: the next-token tensor's first and
+    last dimension): as they are when both links are 2-D already (no torch call per step; the draft tokens keep their
+    shape, flat ``[bs * n]`` or ``[bs, n]``, which the builder and the native call both take), else as reshaped views
+    (the draft tokens too)."""
+    if nxt.dim() == 2 and sib.dim() == 2:
         return nxt, sib, draft
     bs, n = nxt.shape[0], nxt.shape[-1]
     return nxt.reshape(bs, n), sib.reshape(bs, n), draft.reshape(bs, n)
@@ -221,7 +222,9 @@ def _native_job(results: Sequence[ResultRuns], tree: PendingTree, upload_event: 
 
 
 class _Inert:
-    """Stands in for an absent probe / exporter."""
+    """Stands in for an absent probe / exporter (an exporter that is not ``enabled`` is not called)."""
+
+    enabled = False
 
     def on_launch(self, device: Device = None) -> None:
         pass
@@ -274,6 +277,9 @@ class GrammarStep:
         self._time_limit_ok: Optional[bool] = None  # see _may_time_out
         self._upload_event: Optional[DeviceEvent] = None  # fence: the builder's host buffer is reused by the next build
         self._last_log = float("-inf")
+        # Whether the exporter takes steps (its ``enabled``, absent: True), read at the first step: a disabled one
+        # (no ``--enable-metrics``) is not called at all, nor are the forced-draft counts it would get computed.
+        self._exporting: Optional[bool] = None
         # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
         self.grammar_thread = grammar_thread
         # a batch of fewer grammar requests runs inline even with the thread on (Settings.grammar_thread_min_batch)
@@ -349,16 +355,15 @@ class GrammarStep:
 
     def replay_kept(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[List[int]]:
         """Post-processing's common case in one call: the whole run, when ``key``'s run at ``start`` was fed with these
-        ``tokens``, kept them all and raised nothing (counted as a replay); else None, and the caller asks
-        :meth:`replay` / :meth:`advance_many` (a cut run, a rejection, a fresh run or a conflict)."""
+        ``tokens``, kept them all and raised nothing (``AcceptLedger.kept_whole``; counted as a replay); else None, and
+        the caller asks :meth:`replay` / :meth:`advance_many` (a cut run, a rejection, a fresh run or a conflict)."""
         if self._open is not None:
             self._settle_open()
-        past = self.ledger.outcome(key, start)
-        if past is None or past.error is not None or len(past.retained) != len(past.tokens) or \
-                past.tokens != tuple(tokens):  # tuple equality: numpy / torch integers compare as ints
+        kept = self.ledger.kept_whole(key, start, tokens)
+        if kept is None:
             return None
-        self.stats.count("replays")
-        return list(past.retained)
+        self.stats.counters["replays"] += 1  # every counter is present from the start (StepStats)
+        return list(kept)
 
     def was_advanced(self, key: Hashable, start: int) -> bool:
         """True if the run of ``key`` at output position ``start`` was already fed (a later ask is a replay)."""
@@ -475,7 +480,8 @@ class GrammarStep:
         forced drafts, a matcher subclass), or the batch has fewer requests than ``grammar_thread_min_batch``
         (counted as ``small_batch_inline_steps``), the work runs inline in :meth:`finish_build`."""
         t0 = time.perf_counter()
-        self._settle_open()
+        if self._open is not None:
+            self._settle_open()
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=allow_timeout and self._may_time_out(), forced=self.forced is not None)
         builder = self.builder
@@ -499,7 +505,7 @@ class GrammarStep:
                 job.upload_event, self._upload_event = self._upload_event, None
                 job.future = self._thread.submit(_native_job, plan.sources(), tree, job.upload_event, call)
                 self._open = job
-                self.stats.count("thread_steps")
+                self.stats.counters["thread_steps"] += 1  # every counter is present from the start (StepStats)
         job.submit_s = time.perf_counter() - t0
         return job
 
@@ -541,9 +547,15 @@ class GrammarStep:
                                unhidden, sched_s=job.submit_s + (t3 - t0),
                                join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s,
                                handoff_s=job.handoff_s)
-        self.stats.count("mask_failures", len(result.failed))
-        fp, fa = self._forced_delta()
-        self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out), forced_proposed=fp, forced_accepted=fa)
+        if result.failed:
+            self.stats.count("mask_failures", len(result.failed))
+        exporting = self._exporting
+        if exporting is None:
+            exporting = self._exporting = bool(getattr(self.exporter, "enabled", True))
+        if exporting:
+            fp, fa = self._forced_delta()
+            self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out), forced_proposed=fp,
+                                       forced_accepted=fa)
         tl = self.timeline
         if tl.enabled:
             m0, m1, m2, m3 = job.marks
@@ -760,7 +772,8 @@ class GrammarStep:
                 s.mask_timeouts, "on" if self.forced is not None else "off", *self._forced_counts()[:3],
                 len(self.ledger), s.counters,
             )
-        self.write_stats()
+        if self.stats_file:
+            self.write_stats()
 
     def stats_path(self) -> Optional[str]:
         """Where :meth:`write_stats` writes: ``stats_file``, suffixed with the process's rank when it is one of

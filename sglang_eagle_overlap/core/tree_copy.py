@@ -13,7 +13,8 @@ Invariants:
   being read (the overlap scheduler may launch N+1 before N's mask has been consumed by every reader).
 * ``start`` enqueues non-blocking device-to-host copies on the current stream and records one event; ``resolve``
   waits on that event only (not on the whole device).
-* Tensors already on the CPU pass straight through: no copy, no event.
+* Tensors already on the CPU pass straight through: no copy, no event, no reshape (the draft tokens keep their shape,
+  flat ``[bs * n]`` or ``[bs, n]``, on the host as on the device).
 
 This module imports torch only; it knows nothing of SGLang.
 """
@@ -87,10 +88,8 @@ class HostTreeCopier:
                 f"{tuple(retrieve_next_token.shape)}, retrieve_next_sibling {tuple(retrieve_next_sibling.shape)}, "
                 f"draft_tokens {tuple(draft_tokens.shape)}"
             )
-        if draft_tokens.shape != retrieve_next_token.shape:
-            draft_tokens = draft_tokens.reshape(retrieve_next_token.shape)
-        tensors = (retrieve_next_token, retrieve_next_sibling, draft_tokens)
-        # ``is_cpu``: one flag read per tensor, no device object made (a host tree passes every step)
+        # The draft tokens keep their own shape (flat ``[bs * n]`` or ``[bs, n]``: every reader takes either), so a
+        # host tree passes with no torch call but these checks; ``is_cpu``: one flag read per tensor, no device object
         if retrieve_next_token.is_cpu and retrieve_next_sibling.is_cpu and draft_tokens.is_cpu:
             return PendingTree(host=tensors, event=None, resolved=True)
         device = next(t.device for t in tensors if not t.is_cpu)

@@ -107,3 +107,19 @@ def test_rejection_stops_the_run_and_names_token_and_position(raises):
     expected = "grammar rejected token 7 at output position 3"
     assert out.error == (expected + ": no such transition" if raises else expected)
     assert ledger.consumed("r") == 3 and ledger.tokens_fed == 3
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_kept_whole_answers_a_whole_clean_run_and_reads_only(raises):
+    ledger = AcceptLedger()
+    g = Rejecting(bad=7, raises=raises)
+    assert ledger.kept_whole("r", 0, [1, 2]) is None  # an unknown request
+    ledger.advance("r", g, 0, [1, 2])
+    assert ledger.kept_whole("r", 0, [1, 2]) == (1, 2)
+    assert ledger.kept_whole("r", 0, (1, 2)) == (1, 2)  # any sequence of the same ints
+    assert ledger.kept_whole("r", 0, [1]) is None and ledger.kept_whole("r", 0, [1, 3]) is None  # other tokens
+    assert ledger.kept_whole("r", 2, [3]) is None  # not fed yet
+    ledger.advance("r", g, 2, [3, 7, 4])  # cut by the rejection of 7
+    assert ledger.kept_whole("r", 2, [3, 7, 4]) is None and ledger.outcome("r", 2).retained == (3,)
+    # read only: nothing fed, nothing counted, the position unchanged
+    assert g.fed == [1, 2, 3] and ledger.replays == 0 and ledger.consumed("r") == 3 and ledger.tokens_fed == 3

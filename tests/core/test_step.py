@@ -145,7 +145,7 @@ def test_copy_tree_stamps_the_launch_and_hands_back_the_tree(tmp_path):
     pending = step.copy_tree(nxt, sib, tok.reshape(-1))
     assert isinstance(pending, PendingTree)
     h_nxt, h_sib, h_tok = pending.resolve()
-    assert h_nxt is nxt and h_sib is sib and torch.equal(h_tok, tok)
+    assert h_nxt is nxt and h_sib is sib and torch.equal(h_tok, tok.reshape(-1))  # the flat draft as it came
     assert probe.calls == [("launch", nxt.device)]
     assert [e[0] for e in tl.events()] == ["tree_copy"]
 
@@ -256,6 +256,26 @@ def test_build_mask_runs_barrier_then_tree_then_build_and_records_every_phase(cl
     # Every matcher is back where it was.
     for m, ref in zip(matchers, _batch()[0]):
         assert torch.equal(G.next_token_bitmask(m, VOCAB), G.next_token_bitmask(ref, VOCAB))
+
+
+class DisabledExporter(Exporter):
+    """An exporter that says it takes no steps (``PrometheusExporter`` without ``--enable-metrics``)."""
+
+    enabled = False
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_an_exporter_is_called_only_when_it_is_enabled(enabled):
+    exporter = Exporter() if enabled else DisabledExporter()
+    step = GrammarStep(exporter=exporter, mask_time_limit_s=None)
+    matchers, nxt, sib, tok = _batch()
+    reqs = [MaskRequest(matcher=m, request_id=f"r{i}") for i, m in enumerate(matchers)]
+    for _ in range(2):
+        out = step.build_mask(reqs, PendingTree(host=(nxt, sib, tok.reshape(-1)), resolved=True), vocab_size=VOCAB,
+                              device=CPU, draft_device=None)
+        assert torch.equal(out.tree.bitmask, _reference_mask())
+    assert step.stats.steps == 2 and step.stats.last["bs"] == 3.0  # the step's own numbers either way
+    assert len(exporter.steps) == (2 if enabled else 0)
 
 
 def test_build_mask_without_barrier_and_with_the_default_probe(clock):
