@@ -446,24 +446,36 @@ class LedgerPlan:
         stride)``). ``live``: the ledger's own last run left that matcher not terminated ("Native feed")."""
         return self._handles, self._packed, [(r.ids, r.lens, r.stride) for r in self._results]
 
-    def fill(self, feeds: Sequence[int], errors: Mapping[Tuple[str, int], str]) -> None:
+    def fill(self, feeds: Sequence[int], errors: Mapping[Tuple[str, int], str], run_lens: Sequence[int] = (),
+             run_tokens: Sequence[int] = ()) -> None:
         """Record the waiting runs' outcomes: ``feeds[2 i]``, ``feeds[2 i + 1]`` are the retained tokens and the state
         of the i-th run of :meth:`pending` (``core/native.py``'s states), ``errors`` the native call's messages
-        (``StepResult.errors``: ``errors[("f", i)]`` for a run whose matcher raised)."""
+        (``StepResult.errors``: ``errors[("f", i)]`` for a run whose matcher raised). ``run_lens`` / ``run_tokens``
+        (``StepResult``'s: every run's length and all their tokens in order, as the native call read them; empty: not
+        given) are where a run queued by row takes its tokens from; without them it slices its result's host lists
+        (``ResultRuns.lists``)."""
         batch = self._batch
         self._batch, self._batched, self._handles, self._packed = [], set(), [], []
         self._results, self._result_at = [], {}
         if len(feeds) != 2 * len(batch):
             raise ValueError(f"{len(feeds) // 2} feed outcomes for {len(batch)} waiting runs")
+        read = len(run_lens) == len(batch) and len(batch) > 0  # the native call's own reading of the runs
+        if run_lens and not read:
+            raise ValueError(f"{len(run_lens)} run lengths for {len(batch)} waiting runs")
         ledger, out = self.ledger, self.out
         record, depth = ledger._record, ledger._history
         source: Optional[ResultRuns] = None  # the result whose host lists are ``ids`` / ``lens`` / ``stride``
         ids: List[int] = []
         lens: Optional[List[int]] = None
-        stride = fed = 0
+        stride = fed = at = 0
         try:
             for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
-                if toks is None:  # a run queued by row: its tokens, sliced here as ``ResultRuns.run`` slices them
+                if read:  # every run's tokens are in ``run_tokens``, in run order
+                    n = run_lens[f]
+                    if toks is None:
+                        toks = tuple(run_tokens[at : at + n])
+                    at += n
+                elif toks is None:  # a run queued by row: its tokens, sliced here as ``ResultRuns.run`` slices them
                     assert result is not None  # a run queued without its tokens has its result
                     if result is not source:
                         source, stride = result, result.stride
@@ -509,7 +521,7 @@ class LedgerPlan:
             result.wait()
         handles, packed, results = self.pending()
         res = native.step_batch(handles, packed, results, (), (), None, None, None, None, 0, None)
-        self.fill(res.feeds, res.errors)
+        self.fill(res.feeds, res.errors, res.run_lens, res.run_tokens)
 
 
 def native_outcome(start: int, toks: Tuple[int, ...], kept: int, state: int,

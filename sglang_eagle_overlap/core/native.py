@@ -215,10 +215,13 @@ class NativeGrammar:
         """:class:`StepResult` of a raw result of :meth:`step_call` with ``feeds`` runs and ``walks`` walk requests
         (the error messages, if any, are fetched from the module: read it before the next call)."""
         w, f = walks, feeds
-        a = 3 + 2 * w
-        return StepResult(total=values[0], status=values[3 : 3 + w], valid=values[3 + w : a],
-                          feeds=values[a : a + 2 * f], written=values[a + 2 * f :],
-                          errors=_errors(self.module.step_errors()) if values[2] else {}, reset=values[1])
+        a = 4 + 2 * w
+        b = a + 2 * f
+        c = b + f
+        d = c + values[3]
+        return StepResult(total=values[0], status=values[4 : 4 + w], valid=values[4 + w : a], feeds=values[a:b],
+                          written=values[d:], errors=_errors(self.module.step_errors()) if values[2] else {},
+                          reset=values[1], run_lens=values[b:c], run_tokens=values[c:d])
 
     def feed_runs(self, handles: Sequence[Any], runs: Sequence[Sequence[int]],
                   live: Sequence[bool]) -> StepResult:
@@ -240,7 +243,9 @@ class StepResult(NamedTuple):
     --, ``WALK_FAILED`` -- its rows are the caller's to reset) and its valid nodes, root included; ``total`` sums the
     valid nodes of all but failed requests; ``feeds[2 f]``, ``feeds[2 f + 1]``: run ``f``'s retained tokens and
     state; ``written``: the rows filled; ``reset``: the rows the sparse reset set back to all-allowed; ``errors``:
-    ``("f" or "w", index) -> message`` of the runs and walks that raised."""
+    ``("f" or "w", index) -> message`` of the runs and walks that raised; ``run_lens[f]``: run ``f``'s length, and
+    ``run_tokens`` all runs' tokens in run order, as the call read them (``LedgerPlan.fill`` books the runs queued by
+    row from these, without converting their results' tensors to lists)."""
 
     total: int
     status: Sequence[int]
@@ -249,6 +254,8 @@ class StepResult(NamedTuple):
     written: Sequence[int]
     errors: Dict[Tuple[str, int], str]
     reset: int = 0
+    run_lens: Sequence[int] = ()
+    run_tokens: Sequence[int] = ()
 
 
 def _errors(raw: Sequence[str]) -> Dict[Tuple[str, int], str]:

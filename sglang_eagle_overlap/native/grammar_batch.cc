@@ -310,9 +310,10 @@ Errors& LastErrors() {
 // the item's later runs are kNotFed and its walk kWalkFailed; a walk that raises leaves its matcher in its entry
 // state and is kWalkFailed (rows of a failed walk are left to the caller). Nothing is ever fed twice.
 //
-// Returns [valid nodes of the batch, rows reset, errors, W walk statuses, W valid-node counts, F x (retained tokens,
-// feed state), the rows filled (any order)]; when errors > 0, StepErrors() returns their messages ("f<index>:
-// message" / "w<index>: message") until the next call.
+// Returns [valid nodes of the batch, rows reset, errors, T, W walk statuses, W valid-node counts, F x (retained
+// tokens, feed state), F run lengths, the T tokens of all runs in run order (as read: packed or from their result),
+// the rows filled (any order)]; when errors > 0, StepErrors() returns their messages ("f<index>: message" /
+// "w<index>: message") until the next call.
 ffi::Shape StepBatch(
     ffi::Array<ffi::ObjectRef> feed_matchers, ffi::Array<int64_t> feed_packed, ffi::Array<ffi::Tensor> source_ids,
     ffi::Array<ffi::Tensor> source_lens, ffi::Array<int64_t> source_strides, ffi::Array<ffi::ObjectRef> walk_matchers,
@@ -518,10 +519,14 @@ ffi::Shape StepBatch(
   for (int64_t w = 0; w < nw; ++w) {
     if (status[w] != kWalkFailed) total += valid[w];
   }
-  std::vector<int64_t> out{total, reset_count, 0};
+  std::vector<int64_t> out{total, reset_count, 0, static_cast<int64_t>(tokens.size())};
   out.insert(out.end(), status.begin(), status.end());
   out.insert(out.end(), valid.begin(), valid.end());
   out.insert(out.end(), fed.begin(), fed.end());
+  // every run's tokens as read (its length, then all runs' tokens in run order): the caller books the runs from
+  // these instead of converting the results' tensors to lists itself
+  for (int64_t f = 0; f < nf; ++f) out.push_back(run_at[f].second);
+  out.insert(out.end(), tokens.begin(), tokens.end());
   for (int64_t r = 0; r < bs * n; ++r) {
     if (written[r]) out.push_back(r);
   }

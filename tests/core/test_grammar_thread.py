@@ -179,7 +179,8 @@ def test_a_batch_below_the_min_batch_runs_inline_with_the_same_mask_and_feeds(bs
 
 def test_the_runs_are_queued_at_start_and_fed_by_the_helper_not_before():
     """Between start_build and the join nothing has been recorded in the ledger (the scheduler thread launches the
-    verify there), the result's tokens were never read as Python lists, and after the join every run is recorded."""
+    verify there), the result's tokens are never read as Python lists (the native call hands back what it read), and
+    after the join every run is recorded."""
     w = World(3)
     step = _step(True)
     seen = {}
@@ -201,7 +202,10 @@ def test_the_runs_are_queued_at_start_and_fed_by_the_helper_not_before():
         _, _, outcomes, _ = _run(step, w, ms, threaded=True, between=listed_before_join, result=result)
         assert seen == {"listed": False, "recorded": 0, "open": True}
         assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec) and step._open is None
-        assert result._ids is not None  # the join read them to record the outcomes
+        # the join booked the outcomes from the native call's own reading of the runs (StepResult.run_tokens): the
+        # result's tensors were never converted to lists, and every outcome holds the run's tokens
+        assert result._ids is None
+        assert [o.tokens for o in outcomes[0]] == [tuple(r) for _, _, r, _ in w.spec]
     finally:
         step.close()
 

@@ -223,6 +223,11 @@ def test_fill_refuses_outcomes_that_do_not_match_the_waiting_runs_and_a_gap_name
                                                                        G.matcher("regex", VOCAB))])
     with pytest.raises(ValueError, match=r"^1 feed outcomes for 2 waiting runs$"):
         plan.fill([2, FED], {})
+    plan = led.plan()
+    plan.add([("c", object(), 0, doc[:2], G.matcher("regex", VOCAB)), ("d", object(), 0, doc[:1],
+                                                                       G.matcher("regex", VOCAB))])
+    with pytest.raises(ValueError, match=r"^1 run lengths for 2 waiting runs$"):  # the native call's own reading
+        plan.fill([2, FED, 1, FED], {}, [2], doc[:2])
     g, m = object(), G.matcher("regex", VOCAB)
     gap = led.advance_many([("r9", g, 0, doc[:1], m), ("r9", g, 4, doc[4:5], m)])[1]
     assert isinstance(gap, LedgerGapError) and "'r9'" in str(gap)

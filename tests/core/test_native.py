@@ -347,11 +347,15 @@ def test_runs_read_from_a_results_tensors_equal_packed_runs():
         got = nat.step_batch(nat.handles(ms), packed, [(ids.to(dtype), lens, stride)], (), (), None, None, None,
                              None, 0, None)
         assert tuple(got.feeds) == tuple(want.feeds)
+        # what the call read, handed back: every run's length and all runs' tokens in order, as packed runs give them
+        assert list(got.run_lens) == [len(run) for run in runs] == list(want.run_lens)
+        assert list(got.run_tokens) == [t for run in runs for t in run] == list(want.run_tokens)
     prefill = torch.tensor([run[0] for run in runs], dtype=torch.int64)
     first = nat.feed_runs(nat.handles(fresh()), [run[:1] for run in runs], [False] * len(runs))
     got = nat.step_batch(nat.handles(fresh()), [x for i in range(len(runs)) for x in (0, 0, i)],
                          [(prefill, None, 1)], (), (), None, None, None, None, 0, None)
     assert tuple(got.feeds) == tuple(first.feeds)
+    assert list(got.run_lens) == [1] * len(runs) and list(got.run_tokens) == [run[0] for run in runs]
 
 
 def test_a_raising_request_stays_alone_and_nothing_is_fed_twice():
