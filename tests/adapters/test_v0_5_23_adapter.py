@@ -171,6 +171,23 @@ def test_advance_is_exactly_once_across_barrier_and_result_processor(active_stat
     assert active_state.step.ledger.tokens_fed == 3
 
 
+def test_a_finished_request_is_forgotten_by_the_ledger_and_the_live_ones_are_kept(active_state):
+    """The band's advance hands the finished constrained requests to ``prune`` (the ledger forgets them at once),
+    without pruning the live ones of a batch that is small against the ledger."""
+    doc = _doc()
+    ledger = active_state.step.ledger
+    a = _req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
+    b = _req("b", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
+    _ours_advance(_decode_result([doc[4:6], doc[4:5]], 4), _batch([a, b]))
+    assert "a" in ledger and "b" in ledger
+    a.finished = lambda: True  # a finished with that run; b goes on
+    b.output_ids += doc[4:5]
+    res = _decode_result([doc[6:7], doc[5:7]], 4)
+    _ours_advance(res, _batch([a, b]))
+    assert "a" not in ledger and "b" in ledger and ledger.consumed("b") == 7
+    assert res.grammar_retained_tokens == [None, doc[5:7]]
+
+
 def test_passthrough_when_inactive(active_state):
     from sglang_eagle_overlap.adapters.v0_5_23.advance_grammar_fsm import advance_grammar_fsm_around
 
