@@ -68,7 +68,13 @@ def _rebound(fn: Any, module: Any) -> Any:
 def versions(rev: str) -> Tuple[List[Tuple[Slot, Any]], List[Tuple[Slot, Any]]]:
     """The installed version's functions and ``rev``'s, as ``((owner, name), function)`` lists over the same slots
     (a function only one version has is installed by that version only). A module's imports of another module's
-    functions (``from ...requests import mask_requests``) are slots too, so each version calls its own."""
+    functions (``from ...requests import mask_requests``) are slots too, so each version calls its own. Refuses a
+    revision whose native source differs from this checkout's: one process loads one native module, whose output
+    the revision's Python would misread."""
+    native_src = "sglang_eagle_overlap/native/grammar_batch.cc"
+    if subprocess.run(["git", "diff", "--quiet", rev, "--", native_src], cwd=ROOT).returncode != 0:
+        raise SystemExit(f"bench_step_ab: {native_src} differs between {rev} and this checkout; the two versions "
+                         "cannot share one native module (compare from a checkout with the same native source)")
     mods: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
     defs: Dict[Tuple[str, Tuple[str, ...]], Tuple[Any, Any]] = {}
     for name in MODULES:

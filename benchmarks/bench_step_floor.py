@@ -12,7 +12,7 @@ thread on; :func:`bench_thread_handoff.band_loop`):
    forward (hot, the same Python costs half as much).
 2. **How far can the ledger's per-run Python go?** Step by step in the same process, alternating (A B B A), the
    shipped step and a *lean* one whose ``LedgerPlan.fill`` does only what a ledger kept in C++ would leave to Python:
-   the run's tokens sliced from one host list per result, SGLang's ``XGrammarGrammar`` record, the ledger entry's
+   the run's tokens sliced from the native call's own reading, SGLang's ``XGrammarGrammar`` record, the ledger entry's
    position, liveness and history, one outcome per run (0.5.23's ``done`` reads them, in one pass since the 13th
    session) and no checks. It skips no native work, but it is **not exactly-once-safe** (no rejection or termination
    handling): a bound on the lever, not a candidate. ``lean/shipped`` is the ratio of the medians.
@@ -43,15 +43,15 @@ def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[An
 
     outcome = ledger_mod._outcome  # an AdvanceOutcome without its Python __new__ (0.5.23's done reads the outcomes)
 
-    def lean_fill(plan: Any, feeds: Any, errors: Any) -> None:
+    def lean_fill(plan: Any, feeds: Any, errors: Any, run_lens: Any, run_tokens: Any) -> None:
         batch = plan._batch
         plan._batch, plan._batched, plan._handles, plan._packed = [], set(), [], []
         plan._results, plan._result_at = [], {}
         out, depth = plan.out, plan.ledger._history
-        for slot, entry, start, _toks, grammar, _on_feed, result, row in batch:
-            ids, lens = result.lists()  # decode results: lens is a list
-            a = row * result.stride
-            toks = tuple(ids[a : a + lens[row]])
+        at = 0
+        for (slot, entry, start, grammar, _on_feed), n in zip(batch, run_lens):
+            toks = run_tokens[at : at + n]  # as the native call read them (a tuple: the call's result is one)
+            at += n
             grammar.current_token = toks[-1]
             grammar.accepted_tokens.extend(toks)
             entry.live, entry.consumed = True, start + len(toks)

@@ -325,10 +325,10 @@ class LedgerPlan:
         self.ledger = ledger
         self.out: List[AdvanceResult] = []  # one result per added run, in order; waiting runs hold a placeholder
         self.errors = 0  # ledger errors among the results added so far
-        # Waiting runs: (index in out, entry, start, tokens or None, grammar, on_feed, result, row); and, kept in step
-        # with them, what the native call takes: their matchers' handles, the packed runs, the results they read.
-        self._batch: List[Tuple[int, _Entry, int, Optional[Tuple[int, ...]], Any,
-                                Optional[Callable[[Any, AdvanceOutcome], None]], Optional[ResultRuns], int]] = []
+        # Waiting runs: (index in out, entry, start, grammar, on_feed) -- their tokens come back from the native call
+        # that feeds them (``fill``) --; and, kept in step with them, what that call takes: their matchers' handles,
+        # the packed runs, the results they read.
+        self._batch: List[Tuple[int, _Entry, int, Any, Optional[Callable[[Any, AdvanceOutcome], None]]]] = []
         self._batched: set[Hashable] = set()
         self._handles: List[Any] = []
         self._packed: List[int] = []
@@ -373,7 +373,7 @@ class LedgerPlan:
                     if k is None:
                         k = self._result_at[id(result)] = len(self._results)
                         self._results.append(result)
-                    batch.append((len(out), entry, start, None, grammar, on_feed, result, row))
+                    batch.append((len(out), entry, start, grammar, on_feed))
                     batched.add(key)
                     h = entry.handle
                     if h is None:  # the entry's grammar is fixed (a rebuilt one makes a new entry): so is its matcher
@@ -423,7 +423,7 @@ class LedgerPlan:
         if matcher is None:
             outcome = _feed(grammar, start, toks)
         elif native is not None and type(matcher) is native.matcher_type:
-            self._batch.append((len(out), entry, start, toks, grammar, on_feed, None, 0))
+            self._batch.append((len(out), entry, start, grammar, on_feed))
             self._batched.add(key)
             self._handles.append(native.handle(matcher))
             self._packed += (1 if entry.live else 0, -1, len(toks))
@@ -446,45 +446,28 @@ class LedgerPlan:
         stride)``). ``live``: the ledger's own last run left that matcher not terminated ("Native feed")."""
         return self._handles, self._packed, [(r.ids, r.lens, r.stride) for r in self._results]
 
-    def fill(self, feeds: Sequence[int], errors: Mapping[Tuple[str, int], str], run_lens: Sequence[int] = (),
-             run_tokens: Sequence[int] = ()) -> None:
-        """Record the waiting runs' outcomes: ``feeds[2 i]``, ``feeds[2 i + 1]`` are the retained tokens and the state
-        of the i-th run of :meth:`pending` (``core/native.py``'s states), ``errors`` the native call's messages
-        (``StepResult.errors``: ``errors[("f", i)]`` for a run whose matcher raised). ``run_lens`` / ``run_tokens``
-        (``StepResult``'s: every run's length and all their tokens in order, as the native call read them; empty: not
-        given) are where a run queued by row takes its tokens from; without them it slices its result's host lists
-        (``ResultRuns.lists``)."""
+    def fill(self, feeds: Sequence[int], errors: Mapping[Tuple[str, int], str], run_lens: Sequence[int],
+             run_tokens: Sequence[int]) -> None:
+        """Record the waiting runs' outcomes, from what the native call that fed them hands back (``StepResult``):
+        ``feeds[2 i]``, ``feeds[2 i + 1]`` are the retained tokens and the state of the i-th run of :meth:`pending`
+        (``core/native.py``'s states), ``errors`` its messages (``errors[("f", i)]`` for a run whose matcher raised),
+        ``run_lens[i]`` the i-th run's length and ``run_tokens`` all the runs' tokens in that order, as the call read
+        them (packed, or from their result's tensors: a run queued by row is never read here)."""
         batch = self._batch
         self._batch, self._batched, self._handles, self._packed = [], set(), [], []
         self._results, self._result_at = [], {}
         if len(feeds) != 2 * len(batch):
             raise ValueError(f"{len(feeds) // 2} feed outcomes for {len(batch)} waiting runs")
-        read = len(run_lens) == len(batch) and len(batch) > 0  # the native call's own reading of the runs
-        if run_lens and not read:
+        if len(run_lens) != len(batch):
             raise ValueError(f"{len(run_lens)} run lengths for {len(batch)} waiting runs")
         ledger, out = self.ledger, self.out
         record, depth = ledger._record, ledger._history
-        source: Optional[ResultRuns] = None  # the result whose host lists are ``ids`` / ``lens`` / ``stride``
-        ids: List[int] = []
-        lens: Optional[List[int]] = None
-        stride = fed = at = 0
+        fed = at = 0
         try:
-            for f, (slot, entry, start, toks, grammar, on_feed, result, row) in enumerate(batch):
-                if read:  # every run's tokens are in ``run_tokens``, in run order
-                    n = run_lens[f]
-                    if toks is None:
-                        toks = tuple(run_tokens[at : at + n])
-                    at += n
-                elif toks is None:  # a run queued by row: its tokens, sliced here as ``ResultRuns.run`` slices them
-                    assert result is not None  # a run queued without its tokens has its result
-                    if result is not source:
-                        source, stride = result, result.stride
-                        ids, lens = result.lists()
-                    if lens is None:
-                        toks = (ids[row],)
-                    else:
-                        a = row * stride
-                        toks = tuple(ids[a : a + lens[row]])
+            for f, (slot, entry, start, grammar, on_feed) in enumerate(batch):
+                n = run_lens[f]
+                toks = tuple(run_tokens[at : at + n])
+                at += n
                 kept = feeds[2 * f]
                 state = feeds[2 * f + 1]
                 if state == FED and kept == len(toks):

@@ -332,10 +332,10 @@ class GrammarStep:
     def count(self, name: str, k: int = 1) -> None:
         self.stats.count(name, k)
 
-    @property
-    def ledger_size(self) -> int:
-        """Requests the ledger holds (what :meth:`prune` bounds)."""
-        return len(self.ledger)
+    def ledger_outgrows(self, batch_size: int) -> bool:
+        """Whether the ledger holds more requests than a few times a batch of ``batch_size`` (at least 64): then
+        :meth:`prune` forgets every request not live. A caller that has to gather the live keys asks this first."""
+        return len(self.ledger) > max(64, 4 * batch_size)
 
     @property
     def tokens_fed(self) -> int:
@@ -453,7 +453,7 @@ class GrammarStep:
         self._settle_open()
         for key in finished:
             self.ledger.forget(key)
-        if len(self.ledger) > max(64, 4 * len(live)):
+        if self.ledger_outgrows(len(live)):
             self.stats.count("ledger_forgets", self.ledger.retain(live))
 
     # -- 2./3. the mask build: started before (grammar thread) or after (inline) the verify launch --------------------
@@ -772,8 +772,7 @@ class GrammarStep:
                 s.mask_timeouts, "on" if self.forced is not None else "off", *self._forced_counts()[:3],
                 len(self.ledger), s.counters,
             )
-        if self.stats_file:
-            self.write_stats()
+        self.write_stats()
 
     def stats_path(self) -> Optional[str]:
         """Where :meth:`write_stats` writes: ``stats_file``, suffixed with the process's rank when it is one of

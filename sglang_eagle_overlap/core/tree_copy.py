@@ -89,7 +89,7 @@ class HostTreeCopier:
                 f"draft_tokens {tuple(draft_tokens.shape)}"
             )
         # The draft tokens keep their own shape (flat ``[bs * n]`` or ``[bs, n]``: every reader takes either), so a
-        # host tree passes with no torch call but these checks; ``is_cpu``: one flag read per tensor, no device object
+        # host tree passes with no torch call but these checks (``is_cpu``: one flag read, no device object made)
         if retrieve_next_token.is_cpu and retrieve_next_sibling.is_cpu and draft_tokens.is_cpu:
             return PendingTree(host=tensors, event=None, resolved=True)
         device = next(t.device for t in tensors if not t.is_cpu)

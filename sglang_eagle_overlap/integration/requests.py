@@ -85,7 +85,8 @@ class RequestView:
     grammar object. :func:`committed_rows` reads the request's ledger key (the rows' ``request_id``: its id as a
     string) and its bare matcher (or None) from it instead of deriving them per step. Kept on the ``Req`` (attribute
     :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the request holds the same grammar object and that
-    grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next step). Holds no reference to the ``Req`` (no cycle: it goes with the request)."""
+    grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next step). Holds no
+    reference to the ``Req`` (no cycle: it goes with the request)."""
 
     __slots__ = ("grammar", "row", "free")
 

@@ -222,7 +222,7 @@ def test_fill_refuses_outcomes_that_do_not_match_the_waiting_runs_and_a_gap_name
     plan.add([("a", object(), 0, doc[:2], G.matcher("regex", VOCAB)), ("b", object(), 0, doc[:1],
                                                                        G.matcher("regex", VOCAB))])
     with pytest.raises(ValueError, match=r"^1 feed outcomes for 2 waiting runs$"):
-        plan.fill([2, FED], {})
+        plan.fill([2, FED], {}, [2, 1], doc[:3])
     plan = led.plan()
     plan.add([("c", object(), 0, doc[:2], G.matcher("regex", VOCAB)), ("d", object(), 0, doc[:1],
                                                                        G.matcher("regex", VOCAB))])

@@ -244,7 +244,7 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
         advance_rows_later(step, *got)
     # Bound the ledger by the requests SGLang can still hand back (this batch's and the queued results'), computed
     # only when the ledger could be pruned: it holds more than a few times this batch.
-    if step.ledger_size > max(64, 4 * len(current_reqs)):
+    if step.ledger_outgrows(len(current_reqs)):
         live = {str(req.rid) for req in current_reqs}
         for b, _ in queued:
             live.update(str(req.rid) for req in getattr(b, "reqs", None) or [])

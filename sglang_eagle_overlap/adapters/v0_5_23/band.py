@@ -206,7 +206,7 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
             retained[row[4]] = kept_run(step, reqs[row[4]], o)
         if is_decode:
             result.grammar_retained_tokens = retained
-        if finished or step.ledger_size > max(64, 4 * len(rows)):  # what prune would do anything for
+        if finished or step.ledger_outgrows(len(rows)):  # else prune has nothing to do: no live-key list made
             step.prune([row[0] for row in rows], finished)
 
     # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
