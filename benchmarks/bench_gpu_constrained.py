@@ -653,9 +653,12 @@ def result_name(device: str, sglang: str, workload: str, shapes: Sequence[str]) 
 
 
 def merge_results(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """One result from several runs (e.g. one device call per shape): rows, engines, problems and commands
-    concatenated; each row keeps the ratios measured inside its own run. Differences in machine, workload or
-    SGLang version are listed as problems (such rows should not share a table)."""
+    """One result from several runs (e.g. one device call per shape, or the stock column in a call of its own):
+    engines, problems and commands concatenated. When every run kept its raw rounds, the rows are rebuilt from them,
+    one row per (shape, bs): the variants of one cell measured in different runs stand side by side (their ratios
+    then span the runs) and rounds of the same variant are pooled. Without raw rounds the rows are concatenated and
+    each keeps the ratios of its own run. Differences in machine, workload or SGLang version are listed as problems
+    (such rows should not share a table)."""
     if not results:
         raise ValueError("nothing to merge")
     first = results[0]
@@ -678,6 +681,16 @@ def merge_results(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         merged["shapes"] += [s for s in r.get("shapes", []) if s not in merged["shapes"]]
         merged["wall_s"] += r.get("wall_s", 0.0)
     merged["command"] = merged["commands"][0]
+    if all(r.get("raw") for r in results):
+        rounds: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
+        phases: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
+        for cell in merged["raw"]:
+            key = (cell["shape"], cell["bs"], cell["variant"])
+            rounds.setdefault(key, []).extend(cell["rounds"])
+            phases.setdefault(key, []).extend(cell.get("phases") or [])
+        cells = {k: summarize_cell(v, phases[k]) for k, v in rounds.items()}
+        shapes = [s["name"] if isinstance(s, dict) else s for s in merged["shapes"]]
+        merged["rows"] = table_rows(cells, shapes, merged["batch_sizes"])
     return merged
 
 

@@ -147,6 +147,26 @@ def test_bench_sub_commands_run_one_shape_into_the_named_folder(bench, tmp_path,
     assert args.variant_list == table
 
 
+def test_bench_table_is_three_parts_then_one_merge(bench, tmp_path):
+    """``bench-table``: the default path with unconstrained (both shapes), stock topk 1 and the inline path topk 1,
+    each one round into its own folder under OUT (extra arguments reach every part), then one merge into OUT."""
+    out = tmp_path / "out"
+    r = _run_sh("bench-table", str(out), "--", "--batch-sizes", "1,8")
+    assert r.returncode == 0, r.stderr
+    lines = [shlex.split(line) for line in r.stdout.splitlines()]
+    assert len(lines) == 4
+    parts = []
+    for cmd in lines[:3]:
+        assert cmd[:2] == [sys.executable, "benchmarks/bench_gpu_constrained.py"]
+        args = bench.parse_args(cmd[2:])
+        assert args.device == "cuda" and args.rounds == 1 and args.batch_sizes == [1, 8]
+        parts.append((args.out, args.variant_list, [s.name for s in args.shape_list]))
+    assert parts == [(str(out / "on"), ["json", "unconstrained"], ["topk1", "topk4"]),
+                     (str(out / "stock"), ["json-off"], ["topk1"]),
+                     (str(out / "inline"), ["json-inline"], ["topk1"])]
+    assert lines[3][-5:] == ["merge", str(out), str(out / "on"), str(out / "stock"), str(out / "inline")]
+
+
 def test_cuda_test_sub_commands_split_the_cuda_tests_between_them(tmp_path):
     """``tests-greedy`` and ``tests-other`` together select every test function of ``tests/gpu``, each once, and
     write their junit xml into the named folder."""
@@ -186,7 +206,7 @@ def test_usage_lists_every_sub_command():
     usage = _run_sh().stderr
     source = (GPU / "run.sh").read_text()
     accepted = source.split('case "$mode" in', 1)[1].split(")", 1)[0].strip().split("|")
-    assert accepted == ["check", "tests-greedy", "tests-other", "bench-paths", "bench-topk1", "bench-topk4", "bench-stock",
+    assert accepted == ["check", "tests-greedy", "tests-other", "bench-paths", "bench-table", "bench-topk1", "bench-topk4", "bench-stock",
                         "bench-workload", "merge"]
     for sub in accepted + ["env"]:
         assert f"  {sub} " in usage, sub

@@ -12,6 +12,11 @@
 #                             warm-up: the plugin's default path (grammar thread) next to unconstrained in one engine,
 #                             then the inline path (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0) in another; no stock
 #                             (the call that fits one device slot when only one is lent)
+#   bench-table     OUT       the whole table in ONE device call (H200, 2026-11-27: ~520 s with the unpacking):
+#                             OUT/on = bench-paths's default path + unconstrained (both shapes, one engine each),
+#                             OUT/stock = stock SGLang topk 1, OUT/inline = the inline path topk 1, each one round,
+#                             then merged into OUT (one row per shape and bs); a part that cannot finish before
+#                             TABLE_DEADLINE_S (default 560) seconds after the start is skipped and said so
 #   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained),
 #                             plugin-off engine (json, stock) and the plugin with its grammar work inline (json),
 #                             160-token outputs (measured on an H200: 536 s with the archive's unpacking)
@@ -23,8 +28,8 @@
 #   merge           OUT DIR.. join the benchmark results found in the DIRs into one table in OUT (no GPU needed)
 #   env                       print the exports (source-able: eval "$(scripts/gpu/run.sh env)")
 #
-# The table is three device calls, `bench-topk1 OUT1`, `bench-topk4 OUT2` and `bench-stock OUT3 topk4`, then
-# `merge OUT OUT1 OUT2 OUT3` anywhere.
+# The table is one device call, `bench-table OUT`; with two rounds per cell it is three, `bench-topk1 OUT1`,
+# `bench-topk4 OUT2` and `bench-stock OUT3 topk4`, then `merge OUT OUT1 OUT2 OUT3` anywhere.
 # Times: bench-topk1 measured (H200, 2026-11-24); the others from the per-engine times of that day's calls (engine
 # start with CUDA graphs 40-100 s).
 # ARCHIVE_DIR (default scripts/gpu/archive) holds site.tar.xz and extra/*.whl. The site directory (SITE, default
@@ -35,7 +40,7 @@
 # DRY_RUN=1 prints the command a sub-command would run and stops before anything is unpacked (tests use it).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-usage() { sed -n '5,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,32p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -43,7 +48,7 @@ out=""
 name=""
 merge_dirs=()
 case "$mode" in
-  check|tests-greedy|tests-other|bench-paths|bench-topk1|bench-topk4|bench-stock|bench-workload|merge)
+  check|tests-greedy|tests-other|bench-paths|bench-table|bench-topk1|bench-topk4|bench-stock|bench-workload|merge)
     [ $# -ge 1 ] && [ "$1" != "--" ] || { echo "run.sh $mode: name an output folder: run.sh $mode OUT" >&2; exit 2; }
     out=$1
     shift ;;
@@ -68,6 +73,26 @@ if [ "$mode" = merge ]; then
   [ ${#merge_dirs[@]} -ge 1 ] || { echo "run.sh merge: name the result folders: run.sh merge OUT DIR..." >&2; exit 2; }
 fi
 [ "${1:-}" = "--" ] && shift
+if [ "$mode" = bench-table ]; then
+  # three parts, each its own engine(s) and output folder, inside one deadline; then one merged table in OUT
+  deadline=$(( $(date +%s) + ${TABLE_DEADLINE_S:-560} ))
+  part() {  # NAME SECONDS-IT-NEEDS SUB-COMMAND ARGS...
+    local name=$1 need=$2 left
+    shift 2
+    left=$(( deadline - $(date +%s) ))
+    if [ "${DRY_RUN:-0}" != 1 ] && [ "$left" -lt "$need" ]; then
+      echo "[run.sh bench-table] skipped $name: ${left} s left, it needs ~${need} s" >&2
+      return 0
+    fi
+    timeout -k 10 "$(( left > 10 ? left - 5 : 5 ))" bash "$0" "$@" || echo "[run.sh bench-table] $name: rc $?" >&2
+  }
+  part on 0 bench-paths "$out/on" -- --variants json,unconstrained "$@"
+  part stock 170 bench-stock "$out/stock" topk1 -- --rounds 1 "$@"
+  part inline 100 bench-paths "$out/inline" -- --variants json-inline --shapes topk1 "$@"
+  merge_cmd=(bash "$0" merge "$out" "$out/on" "$out/stock" "$out/inline")
+  if [ "${DRY_RUN:-0}" = 1 ]; then printf '%q ' "${merge_cmd[@]}"; echo; exit 0; fi
+  exec "${merge_cmd[@]}"
+fi
 py=${PYTHON:-python3}
 bench=(benchmarks/bench_gpu_constrained.py --device cuda --attention-backend triton --sampling-backend pytorch)
 case "$mode" in

@@ -244,3 +244,28 @@ def test_dummy_model_dirs_pair_the_configs_with_the_local_tokenizer(bench, tmp_p
         assert cfg["architectures"] == [arch] and cfg["eos_token_id"] == eos and cfg["bos_token_id"] is None
         assert (d / "tokenizer.json").exists() and (d / "tokenizer_config.json").exists()
         assert len(json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]) + len(tok["added_tokens"]) >= 4096
+
+
+def test_merge_joins_the_variants_of_one_cell_measured_in_different_runs(bench):
+    """The stock column in a device call of its own: with raw rounds kept, a (shape, bs) measured by two runs is one
+    row, its variants side by side and its stock / plugin ratio computed from both; rounds of one variant pool."""
+    machine = {"device": "cuda", "device_name": "H200", "sglang": "0.5.16"}
+
+    def run(command, variant_ms):
+        raw = [{"shape": "topk1", "bs": 8, "variant": v,
+                "rounds": [{"ms_step": ms, "steps": [[ms, 0.0, 1.0, 8, 1.0]], "accept_len": 1.0, "full_batch": True,
+                            "requests": 8}], "phases": []} for v, ms in variant_ms.items()]
+        return {"machine": machine, "model": "m", "workload": "w", "max_new_tokens": 160, "rounds": 1, "repeats": 1,
+                "command": command, "rows": [{"shape": "topk1", "bs": 8}], "engines": [], "problems": [],
+                "raw": raw, "shapes": [{"name": "topk1"}], "batch_sizes": [8], "wall_s": 1.0}
+
+    merged = bench.merge_results([run("on", {"json": 11.0, "unconstrained": 10.0}), run("stock", {"json-off": 22.0}),
+                                  run("again", {"json": 13.0})])
+    (row,) = merged["rows"]
+    assert (row["shape"], row["bs"]) == ("topk1", 8)
+    assert row["json"]["n_steps"] == 2 and row["json"]["ms_step_best"] == 11.0
+    assert row["off_over_on"] == pytest.approx(22.0 / row["json"]["ms_step"])
+    assert row["overhead"] == pytest.approx(row["json"]["ms_step"] / 10.0 - 1.0)
+    assert merged["commands"] == ["on", "stock", "again"] and merged["problems"] == []
+    partial = bench.merge_results([run("on", {"json": 11.0}), dict(run("old", {}), raw=[])])
+    assert partial["rows"] == [{"shape": "topk1", "bs": 8}, {"shape": "topk1", "bs": 8}]  # no raw: rows as they were
