@@ -239,3 +239,25 @@ def test_merge_joins_the_runs_of_two_device_calls(bench, tmp_path):
     assert merged["commands"] == ["run topk1", "run topk4"] and merged["problems"] == []
     md = (tmp_path / "table" / "gpu_constrained_cuda_0.5.16_merged.md").read_text()
     assert "| topk1 | 8 | 10.00" in md and "| topk4 | 8 | 20.00" in md and "`run topk1`; `run topk4`" in md
+
+
+def test_env_puts_the_dev_package_on_the_path_but_never_dev_itself(tmp_path):
+    """The CUDA tests import ``sglang_eo_dev``: ``run.sh`` (``env``, as for ``tests-*``) puts a folder holding only a
+    link to it on ``PYTHONPATH``, after the checkout and the archive, and never ``dev/`` (its CPU ``sgl_kernel``
+    stand-in would shadow the real kernels). Runs for real on a one-file archive (no GPU needed)."""
+    archive, site = tmp_path / "archive", tmp_path / "site"
+    (archive / "payload").mkdir(parents=True)
+    (archive / "payload" / "marker.txt").write_text("x")
+    subprocess.run(f"tar -C '{archive / 'payload'}' -c marker.txt | xz -1 > '{archive / 'site.tar.xz'}'",
+                   shell=True, check=True)
+    env = dict(os.environ, PYTHON=sys.executable, DRY_RUN="0", ARCHIVE_DIR=str(archive), SITE=str(site))
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run(["bash", str(GPU / "run.sh"), "env"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("export PYTHONPATH="))
+    paths = shlex.split(line.split("=", 1)[1])[0].split(":")
+    assert paths[:2] == [str(ROOT), str(site)] and (site / "marker.txt").exists()
+    assert str(ROOT / "dev") not in paths
+    links = [Path(p) / "sglang_eo_dev" for p in paths if (Path(p) / "sglang_eo_dev").is_symlink()]
+    assert len(links) == 1 and links[0].resolve() == (ROOT / "dev" / "sglang_eo_dev").resolve()
+    assert sorted(x.name for x in links[0].parent.iterdir()) == ["sglang_eo_dev"]  # nothing else rides along

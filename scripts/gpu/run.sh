@@ -173,6 +173,14 @@ stand_ins=()
 for mod in flashinfer.sampling deep_gemm; do
   if ! PYTHONPATH="$pp" "$py" -c "import $mod" > /dev/null 2>&1; then stand_ins+=("$mod"); fi
 done
+case "$mode" in
+  tests-*|env)
+    # the tests import the dev package (fixtures, helpers): a folder holding only a link to it, never dev/ itself
+    # (dev/ also holds the CPU runtime's sgl_kernel stand-in, which would shadow the real kernels)
+    mkdir -p "$site.dev"
+    ln -sfn "$repo/dev/sglang_eo_dev" "$site.dev/sglang_eo_dev"
+    pp="$pp:$site.dev" ;;
+esac
 if [ ${#stand_ins[@]} -gt 0 ]; then
   pp="$pp:$repo/scripts/gpu/stand-ins"
   log "import stand-ins for: ${stand_ins[*]}"

@@ -51,7 +51,10 @@ def build_pair(kind: str) -> Dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "dev"), str(ROOT), env.get("PYTHONPATH", "")])
     env["CUDA_VISIBLE_DEVICES"] = ""  # the builder saves CPU tensors; keep it off the GPU
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if out.returncode != 0:  # say why: the builder's own output, not only its exit status
+        raise RuntimeError(f"building the {kind} pair failed (exit {out.returncode}):\n{out.stderr[-4000:]}"
+                           f"\n{out.stdout[-1000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
