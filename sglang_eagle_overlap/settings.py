@@ -15,6 +15,7 @@ what is expected (the plugin then refuses to load, loudly), never a silent defau
 walked) runs on a grammar thread started before the target-verify launch, joined before sampling; ``0``: inline on the \
 scheduler thread after the launch | 1 |
 | ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH`` | with the grammar thread on, a verify batch of fewer grammar requests than this runs its grammar work inline (a hand-off costs more than one request's native call) | 2 |
+| ``SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM`` | ``1``: on a GPU the tree mask's host-to-device copy runs on a stream of its own, while the target verify still runs, and sampling waits for it; ``0``: on the verify's stream, after the verify | 1 |
 | ``SGLANG_EAGLE_OVERLAP_NATIVE`` | ``1``: the batch's xgrammar calls (tree walk, ledger feed) go through the plugin's native module, built on first use with the system C++ compiler; a failed build is an error; ``0``: Python only; unset: ``auto``, native when it builds (a warning otherwise) | auto |
 | ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only; unset: ``auto``, on for STANDALONE only | auto |
 """
@@ -25,8 +26,9 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Type, Union
 
-__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings",
-           "SettingsError", "default_mask_threads"]
+__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH",
+           "DEFAULT_MASK_UPLOAD_STREAM", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings", "SettingsError",
+           "default_mask_threads"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -37,6 +39,7 @@ ENV = {
     "timeline_file": "SGLANG_EAGLE_OVERLAP_TIMELINE_FILE",
     "grammar_thread": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD",
     "grammar_thread_min_batch": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH",
+    "mask_upload_stream": "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
     "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
 }
@@ -65,6 +68,12 @@ DEFAULT_GRAMMAR_THREAD = True
 # exposed when the draft is short, or the hand-off's GIL round trips). Chosen from that one run (one round per cell);
 # bs 2-8 was not separated from noise there.
 DEFAULT_GRAMMAR_THREAD_MIN_BATCH = 2
+# The tree mask's upload on a side stream (2026-11-27, 15th session). On the verify's stream the copy waits for the
+# target verify launched there and the sampling waits for the copy: serial GPU work after the verify, the kind the step
+# model names for the H200's residual (+0.6 % to +3.1 % over unconstrained, README "GPU benchmark"). The mask is
+# 4-8 MB at bs 64 (bs x tree nodes rows of 128k-vocab bitmasks). NOT YET MEASURED ON A GPU: the next GPU run's table
+# says what it saves (prediction: up to a few tenths of a ms at bs 64, nothing on the CPU, where there is no upload).
+DEFAULT_MASK_UPLOAD_STREAM = True
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 
@@ -90,6 +99,7 @@ class Settings:
     timeline_file: Optional[str] = None
     grammar_thread: bool = DEFAULT_GRAMMAR_THREAD
     grammar_thread_min_batch: int = DEFAULT_GRAMMAR_THREAD_MIN_BATCH
+    mask_upload_stream: bool = DEFAULT_MASK_UPLOAD_STREAM
     forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
     native: Optional[bool] = None  # None: auto (native when it builds), True: required, False: Python only
 
@@ -127,6 +137,7 @@ class Settings:
         min_batch_raw = get("grammar_thread_min_batch")
         min_batch = (DEFAULT_GRAMMAR_THREAD_MIN_BATCH if not min_batch_raw
                      else _number(ENV["grammar_thread_min_batch"], min_batch_raw, int, 1))
+        mask_upload_stream = flag("mask_upload_stream", DEFAULT_MASK_UPLOAD_STREAM)
         forced_drafts = optional_flag("forced_drafts")
         native = optional_flag("native")
         interval_raw = get("log_interval_s")
@@ -140,6 +151,7 @@ class Settings:
             timeline_file=get("timeline_file") or None,
             grammar_thread=grammar_thread,
             grammar_thread_min_batch=int(min_batch),
+            mask_upload_stream=mask_upload_stream,
             forced_drafts=forced_drafts,
             native=native,
         )

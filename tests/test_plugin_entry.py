@@ -157,6 +157,12 @@ def test_settings_are_read_once_into_one_object():
         assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_NATIVE": raw}).native is want
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_NATIVE"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_NATIVE": "fast"})
+    # the mask's upload on a side stream: on by default, as documented; 0 puts it back on the verify's stream
+    row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM" in line)
+    assert d.mask_upload_stream is True and row.rstrip().endswith("| 1 |")
+    assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM": "0"}).mask_upload_stream is False
+    with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM"):
+        Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM": "side"})
 
 
 def test_the_runtime_loads_the_native_module_unless_switched_off():
@@ -170,6 +176,18 @@ def test_the_runtime_loads_the_native_module_unless_switched_off():
             assert step.native is None  # nothing loads before the first mask build
             assert (step.builder.native is not None) is (switch is not False)
             assert step.ledger.native is step.builder.native
+        finally:
+            runtime.reset()
+
+
+def test_the_runtime_uploads_the_mask_on_a_side_stream_exactly_when_switched_on():
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.settings import Settings
+
+    for on in (True, False):
+        runtime.reset()
+        try:
+            assert runtime.create(Settings(mask_upload_stream=on)).step.uploader.side_stream is on
         finally:
             runtime.reset()
 

@@ -19,7 +19,7 @@ with these methods fits; nothing here is checked at run time, and this module im
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 if TYPE_CHECKING:
     from torch.types import Device
@@ -49,7 +49,7 @@ class StepExporter(Protocol):
 
 
 class DeviceEvent(Protocol):
-    def record(self) -> None: ...
+    def record(self, stream: Any = None, /) -> None: ...
 
     def synchronize(self) -> None: ...
 

@@ -55,7 +55,7 @@ from sglang_eagle_overlap.core.native import NativeGrammar, StepResult
 from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
 from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
 from sglang_eagle_overlap.core.timeline import Timeline
-from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
+from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, MaskUploader, PendingTree
 
 if TYPE_CHECKING:
     import torch
@@ -257,6 +257,7 @@ class GrammarStep:
         state: Optional[Callable[[], Mapping[str, StatValue]]] = None,
         grammar_thread: bool = False,
         grammar_thread_min_batch: int = 1,
+        upload_stream: bool = False,
         forced: Optional[ForcedDrafts] = None,
         native: Optional[Callable[[], Optional[NativeGrammar]]] = None,
     ) -> None:
@@ -275,7 +276,9 @@ class GrammarStep:
         self.log_interval_s = log_interval_s
         self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
         self._time_limit_ok: Optional[bool] = None  # see _may_time_out
-        self._upload_event: Optional[DeviceEvent] = None  # fence: the builder's host buffer is reused by the next build
+        # the mask's upload and its fence (the builder's host buffer is reused by the next build); with
+        # ``upload_stream`` on a side stream of its own, off the verify's stream (MaskUploader)
+        self.uploader = MaskUploader(side_stream=upload_stream)
         self._last_log = float("-inf")
         # Whether the exporter takes steps (its ``enabled``, absent: True), read at the first step: a disabled one
         # (no ``--enable-metrics``) is not called at all, nor are the forced-draft counts it would get computed.
@@ -502,7 +505,7 @@ class GrammarStep:
                 call = builder.native_call(job.build, *job.tree_views)
                 if self._thread is None:
                     self._thread = _GrammarThread()
-                job.upload_event, self._upload_event = self._upload_event, None
+                job.upload_event = self.uploader.take_fence()
                 job.future = self._thread.submit(_native_job, plan.sources(), tree, job.upload_event, call)
                 self._open = job
                 self.stats.counters["thread_steps"] += 1  # every counter is present from the start (StepStats)
@@ -528,12 +531,7 @@ class GrammarStep:
         if job.forced and self.forced is not None:
             self.forced.upload(device)
         if result.bitmask is not None:
-            device_mask = result.bitmask.to(device, non_blocking=True)
-            if not device_mask.is_cpu:
-                import torch
-
-                self._upload_event = torch.get_device_module(device_mask.device).Event()
-                self._upload_event.record()
+            device_mask = self.uploader.upload(result.bitmask, device)
         n = job.tree_nodes
         unmasked = result.timed_out + [i for i, _ in result.failed]
         if unmasked and draft_device is not None:
@@ -613,9 +611,7 @@ class GrammarStep:
         try:
             nxt, sib, draft = job.tree.resolve()
             t2 = time.perf_counter()
-            if self._upload_event is not None:
-                self._upload_event.synchronize()  # normally long done
-                self._upload_event = None
+            self.uploader.fence()  # normally long done
             tree = _rows(nxt, sib, draft)
             n = job.tree_nodes = tree[0].shape[1]
             builder = self.builder

@@ -1,10 +1,14 @@
-"""Asynchronous host copy of the EAGLE verify tree.
+"""The verify step's two transfers: the EAGLE verify tree's asynchronous host copy (:class:`HostTreeCopier`) and the
+tree mask's upload (:class:`MaskUploader`).
 
 Call order (one verify step)::
 
     pending = copier.start(retrieve_next_token, retrieve_next_sibling, draft_tokens)   # before the verify launch
     ... target-verify forward is launched ...
+    uploader.fence()                                       # before the build writes the mask's host buffer
     next_token, next_sibling, draft = pending.resolve()                                  # when the mask is built
+    ... the mask is built into the host buffer ...
+    device_mask = uploader.upload(host_mask, device)                                     # before sampling
 
 Invariants:
 
@@ -15,6 +19,9 @@ Invariants:
   waits on that event only (not on the whole device).
 * Tensors already on the CPU pass straight through: no copy, no event, no reshape (the draft tokens keep their shape,
   flat ``[bs * n]`` or ``[bs, n]``, on the host as on the device).
+* The mask's upload ends with an event; :meth:`MaskUploader.fence` waits for the previous upload before the host
+  buffer it read is written again. With ``side_stream`` the copy runs on a stream of its own and the caller's stream
+  waits for its event (see :class:`MaskUploader`).
 
 This module imports torch only; it knows nothing of SGLang.
 """
@@ -22,13 +29,13 @@ This module imports torch only; it knows nothing of SGLang.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from sglang_eagle_overlap.core.protocols import DeviceEvent
 
-__all__ = ["HostTreeCopier", "PendingTree"]
+__all__ = ["HostTreeCopier", "MaskUploader", "PendingTree", "device_streams"]
 
 Tree = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -107,3 +114,71 @@ class HostTreeCopier:
         event = module.Event()
         event.record()
         return PendingTree(host=(host[0], host[1], host[2]), event=event)
+
+
+def device_streams(device: torch.device) -> Any:
+    """The stream API of ``device`` (``torch.cuda`` and the like: ``Stream``, ``stream``, ``current_stream``,
+    ``Event``), or None for the CPU, whose tensors need no upload."""
+    return None if device.type == "cpu" else torch.get_device_module(device)
+
+
+@dataclass
+class MaskUploader:
+    """The tree mask's host-to-device copy (one per worker), and the fence before its host buffer is reused.
+
+    ``side_stream`` False: the copy is enqueued on the caller's current stream, behind the target verify launched
+    there, so on a GPU it starts only when the verify ends and the sampling waits for it: serial GPU work after the
+    verify (issue 17). True: the copy is enqueued on a stream of its own (made once per device), which does not wait for
+    the caller's stream, so it runs while the verify still runs; the caller's stream waits for the copy's event before
+    anything it enqueues next (the sampling), and the device tensor is marked as used by the caller's stream
+    (``record_stream``), so the caching allocator does not hand its memory back to the side stream while the sampling
+    may still read it. The host buffer needs nothing from the device, so the side stream orders nothing before it.
+
+    ``streams``: the stream API of a device (:func:`device_streams`; tests pass a stand-in)."""
+
+    side_stream: bool = False
+    streams: Callable[[torch.device], Any] = device_streams
+    uploads: int = 0  # observable: device uploads made
+    side_uploads: int = 0  # observable: of those, on the side stream
+    _event: Optional[DeviceEvent] = None
+    _side: Dict[Any, Any] = field(default_factory=dict)
+
+    def fence(self) -> None:
+        """Wait for the previous upload's copy (normally long done) before the host buffer it read is written."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+
+    def take_fence(self) -> Optional[DeviceEvent]:
+        """The previous upload's event, handed to whoever writes the host buffer next (the grammar thread's job waits
+        on it there); this uploader no longer holds it."""
+        event, self._event = self._event, None
+        return event
+
+    def upload(self, host: torch.Tensor, device: Any) -> torch.Tensor:
+        """``host`` on ``device`` (on the CPU: ``host`` itself, no copy). Call after the target-verify launch, on the
+        stream that will sample with the mask; the next :meth:`fence` waits for this copy."""
+        dev = device if isinstance(device, torch.device) else torch.device(device)
+        api = self.streams(dev)
+        if api is None:
+            return host.to(dev, non_blocking=True)
+        self.uploads += 1
+        if not self.side_stream:
+            out = host.to(dev, non_blocking=True)
+            self._event = api.Event()
+            self._event.record()
+            return out
+        side = self._side.get(dev)
+        if side is None:
+            side = self._side[dev] = api.Stream(device=dev)
+        caller = api.current_stream(dev)
+        with api.stream(side):
+            out = host.to(dev, non_blocking=True)
+            event = api.Event()
+            event.record(side)
+        caller.wait_event(event)
+        if not out.is_cpu:
+            out.record_stream(caller)
+        self._event = event
+        self.side_uploads += 1
+        return out

@@ -74,6 +74,7 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
         grammar_thread=settings.grammar_thread,
         grammar_thread_min_batch=settings.grammar_thread_min_batch,
+        upload_stream=settings.mask_upload_stream,
         # auto (None): created, then kept or dropped at the first verify, by its algorithm (drafts.before_verify)
         forced=ForcedDrafts() if settings.forced_drafts is not False else None,
         native=None if settings.native is False else functools.partial(load_native_for, settings.native),

@@ -230,13 +230,13 @@ def test_build_mask_runs_barrier_then_tree_then_build_and_records_every_phase(cl
         clock.now += 2.0
 
     fence = Fence(clock, cost=5.0)
-    step._upload_event = fence  # the previous step's upload into the reused host buffer
+    step.uploader._event = fence  # the previous step's upload into the reused host buffer
     t0 = clock.now
     out = step.build_mask(reqs, tree, vocab_size=VOCAB, device=CPU, barrier=barrier, draft_device=None)
 
     assert isinstance(out, StepMask)
     assert order == ["barrier resolved=0"] and tree.resolved == 1 and fence.waited == 1
-    assert step._upload_event is None  # a CPU mask needs no fence for the next step
+    assert step.uploader.take_fence() is None  # a CPU mask needs no fence for the next step
     assert torch.equal(out.tree.bitmask, _reference_mask())
     assert out.device_mask is out.tree.bitmask  # CPU: the sampler reads the builder's buffer
     assert out.tree.failed == [] and out.tree.timed_out == []

@@ -1,12 +1,16 @@
-"""HostTreeCopier: CPU passthrough and validation everywhere; pinned-buffer reuse and async copies on CUDA only
+"""HostTreeCopier and MaskUploader: CPU passthrough, validation and the upload's stream order (a stand-in stream API)
+everywhere; pinned-buffer reuse, async copies and the uploaded values on CUDA only
 (gated by the ``cuda`` marker in tests/conftest.py)."""
 
 from __future__ import annotations
+
+from typing import List
 
 import pytest
 import torch
 
 from sglang_eagle_overlap.core import HostTreeCopier, PendingTree
+from sglang_eagle_overlap.core.tree_copy import MaskUploader
 from sglang_eo_dev.helpers.devices import CountingEvent
 
 
@@ -178,3 +182,110 @@ def test_cpu_tensors_among_device_ones_pass_through(fake_device):
     h = copier.start(nxt, cpu_sib, tok).resolve()
     assert h[1] is cpu_sib and torch.equal(h[0], _tree()[0]) and type(h[0]) is torch.Tensor
     assert copier.pinned_allocations == 2 and len(fake_device.events) == 1
+
+
+class _Stream:
+    def __init__(self, api: "_StreamApi", name: str) -> None:
+        self.api, self.name = api, name
+
+    def wait_event(self, event: "_Event") -> None:
+        self.api.log.append(f"{self.name} waits {event.name}")
+
+
+class _Event:
+    def __init__(self, api: "_StreamApi") -> None:
+        self.api, self.name, self.synced = api, f"e{len(api.events)}", 0
+        api.events.append(self)
+
+    def record(self, stream: "_Stream | None" = None) -> None:
+        self.api.log.append(f"{self.name} on {(stream or self.api.current).name}")
+
+    def synchronize(self) -> None:
+        self.synced += 1
+
+
+class _StreamApi:
+    """The slice of ``torch.cuda`` the uploader uses, logging what is enqueued on which stream."""
+
+    def __init__(self) -> None:
+        self.log: List[str] = []
+        self.events: List[_Event] = []
+        self.made: List[_Stream] = []
+        self.main = self.current = _Stream(self, "main")
+
+    def Stream(self, device=None) -> _Stream:  # noqa: N802 - torch's name
+        s = _Stream(self, f"side{len(self.made)}")
+        self.made.append(s)
+        return s
+
+    def current_stream(self, device=None) -> _Stream:
+        return self.current
+
+    def stream(self, s: _Stream):
+        api = self
+
+        class _Ctx:
+            def __enter__(self) -> None:
+                api.prev, api.current = api.current, s
+                api.log.append(f"enter {s.name}")
+
+            def __exit__(self, *exc) -> None:
+                api.current = api.prev
+                api.log.append(f"exit {s.name}")
+
+        return _Ctx()
+
+    def Event(self) -> _Event:  # noqa: N802 - torch's name
+        return _Event(self)
+
+
+def test_mask_upload_on_a_side_stream_that_the_callers_stream_waits_for():
+    """``side_stream``: the copy is enqueued inside the side stream's context, its event recorded there, and the
+    caller's stream waits for that event after; one side stream per uploader and device; the next fence waits for
+    the last copy."""
+    api = _StreamApi()
+    up = MaskUploader(side_stream=True, streams=lambda dev: api)
+    host = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    out = up.upload(host, "cpu")
+    assert torch.equal(out, host)
+    assert api.log == ["enter side0", "e0 on side0", "exit side0", "main waits e0"]
+    up.upload(host, torch.device("cpu"))
+    assert len(api.made) == 1 and api.log[-1] == "main waits e1"  # the same side stream again
+    assert (up.uploads, up.side_uploads) == (2, 2)
+    up.fence()
+    assert [e.synced for e in api.events] == [0, 1]  # only the last copy is waited for, once
+    up.fence()
+    assert [e.synced for e in api.events] == [0, 1]
+
+
+def test_mask_upload_on_the_callers_stream_when_the_side_stream_is_off():
+    api = _StreamApi()
+    up = MaskUploader(side_stream=False, streams=lambda dev: api)
+    up.upload(torch.zeros(2, 3, dtype=torch.int32), "cpu")
+    assert api.log == ["e0 on main"] and api.made == [] and (up.uploads, up.side_uploads) == (1, 0)
+    assert up.take_fence() is api.events[0] and up.take_fence() is None  # handed over once (to the grammar thread)
+
+
+def test_a_cpu_mask_is_not_uploaded_and_needs_no_fence():
+    up = MaskUploader(side_stream=True)  # the real stream lookup: the CPU has none
+    host = torch.ones(2, 3, dtype=torch.int32)
+    assert up.upload(host, "cpu") is host
+    assert up.uploads == 0 and up.take_fence() is None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("side", [True, False])
+def test_cuda_mask_upload_values_and_ordering(side):
+    """On a GPU: the uploaded mask equals the host mask when read on the caller's stream right after the upload,
+    while that stream was busy with earlier work; the fence then finds the copy done."""
+    host = torch.randint(-2**31, 2**31 - 1, (256, 4008), dtype=torch.int32).pin_memory()
+    up = MaskUploader(side_stream=side)
+    busy = torch.randn(4096, 4096, device="cuda")
+    for _ in range(8):  # earlier work on the caller's stream (the verify's stand-in)
+        busy = busy @ busy
+        busy /= busy.norm()
+    dev = up.upload(host, "cuda")
+    got = (dev.to(torch.int64) + 1).cpu()  # read on the caller's stream
+    assert torch.equal(got, host.to(torch.int64) + 1)
+    assert up.side_uploads == (1 if side else 0) and up.uploads == 1
+    up.fence()
