@@ -110,7 +110,9 @@ def test_import_stand_ins_cover_what_sglang_imports(tmp_path):
 
 
 def _run_sh(*args: str, dry: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=sys.executable, DRY_RUN="1" if dry else "0")
+    # without the plugin's switches of this process: a dry run prints those set for the call in front of its command
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_EAGLE_OVERLAP")}
+    env.update(PYTHON=sys.executable, DRY_RUN="1" if dry else "0")
     return subprocess.run(["bash", str(GPU / "run.sh"), *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
 
@@ -148,23 +150,29 @@ def test_bench_sub_commands_run_one_shape_into_the_named_folder(bench, tmp_path,
 
 
 def test_bench_table_is_three_parts_then_one_merge(bench, tmp_path):
-    """``bench-table``: the default path with unconstrained (both shapes), stock topk 1 and the inline path topk 1,
-    each one round into its own folder under OUT (extra arguments reach every part), then one merge into OUT."""
+    """``bench-table``: the default path with unconstrained (both shapes), the same for topk 4 with the mask upload on
+    the verify's stream, stock topk 1 and the inline path topk 1, each one round into its own folder under OUT (extra
+    arguments reach every part), then one merge into OUT."""
     out = tmp_path / "out"
     r = _run_sh("bench-table", str(out), "--", "--batch-sizes", "1,8")
     assert r.returncode == 0, r.stderr
     lines = [shlex.split(line) for line in r.stdout.splitlines()]
-    assert len(lines) == 4
+    assert len(lines) == 5
     parts = []
-    for cmd in lines[:3]:
+    for cmd in lines[:4]:
+        env = [a for a in cmd if a.startswith("SGLANG_EAGLE_OVERLAP")]
+        cmd = cmd[len(env):]
         assert cmd[:2] == [sys.executable, "benchmarks/bench_gpu_constrained.py"]
         args = bench.parse_args(cmd[2:])
         assert args.device == "cuda" and args.rounds == 1 and args.batch_sizes == [1, 8]
-        parts.append((args.out, args.variant_list, [s.name for s in args.shape_list]))
-    assert parts == [(str(out / "on"), ["json", "unconstrained"], ["topk1", "topk4"]),
-                     (str(out / "stock"), ["json-off"], ["topk1"]),
-                     (str(out / "inline"), ["json-inline"], ["topk1"])]
-    assert lines[3][-5:] == ["merge", str(out), str(out / "on"), str(out / "stock"), str(out / "inline")]
+        parts.append((args.out, args.variant_list, [s.name for s in args.shape_list], env))
+    assert parts == [(str(out / "on"), ["json", "unconstrained"], ["topk1", "topk4"], []),
+                     (str(out / "upload0"), ["json", "unconstrained"], ["topk4"],
+                      ["SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0"]),
+                     (str(out / "stock"), ["json-off"], ["topk1"], []),
+                     (str(out / "inline"), ["json-inline"], ["topk1"], [])]
+    # the merged table holds the default path, stock and inline: the upload A/B stays in its own folder
+    assert lines[4][-5:] == ["merge", str(out), str(out / "on"), str(out / "stock"), str(out / "inline")]
 
 
 def test_cuda_test_sub_commands_split_the_cuda_tests_between_them(tmp_path):
