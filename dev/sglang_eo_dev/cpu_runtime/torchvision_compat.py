@@ -6,13 +6,18 @@ does not exist". Defining the two operator schemas it registers fake kernels for
 is imported is enough; SGLang never runs them on a text model.
 
 How: :func:`install_import_hook` adds a ``sys.meta_path`` finder that defines the schemas the first time torchvision
-is imported (torch is only imported then). Spawned SGLang subprocesses get the hook through the ``sitecustomize`` in
+is imported (torch is only imported then), unless torchvision's own native library loads against this torch (a
+torchvision built for it, as on a CUDA host): that library defines the same operators when torchvision imports it, and
+a second definition of an operator is a C++ error that aborts the process (SIGABRT inside ``dlopen``: seen on the
+H200 host, 2026-11-27, where the CUDA tests' pair builder died of it). Spawned SGLang subprocesses get the hook through the ``sitecustomize`` in
 ``_site/``, which the engine helpers put on ``PYTHONPATH``; the test process calls it directly.
 """
 
 from __future__ import annotations
 
 import importlib.abc
+import importlib.util
+import os
 import sys
 
 __all__ = ["define_torchvision_schemas", "install_import_hook"]
@@ -25,10 +30,12 @@ _LIB = None
 
 
 def define_torchvision_schemas() -> None:
-    """Define ``torchvision::nms`` / ``qnms`` if torchvision's native library did not (idempotent)."""
+    """Define ``torchvision::nms`` / ``qnms`` if torchvision's native library did not and cannot (idempotent)."""
     global _LIB
     import torch
 
+    if _load_torchvision_library():  # a torchvision built for this torch defines them itself
+        return
     missing = [name for name in _SCHEMAS if not _schema_exists(name)]
     if not missing:
         return
@@ -36,6 +43,28 @@ def define_torchvision_schemas() -> None:
         _LIB = torch.library.Library("torchvision", "FRAGMENT")
     for name in missing:
         _LIB.define(_SCHEMAS[name])
+
+
+def _load_torchvision_library() -> bool:
+    """Load torchvision's native operator library (``torchvision/_C.*``) now, without importing torchvision: True if it
+    loads and defines ``nms`` (torchvision's own import then finds it loaded and defines nothing twice), False if there
+    is no torchvision, no library, or it does not load against this torch (the CPU venvs' CUDA-built wheel)."""
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("_C.") and name.endswith((".so", ".pyd")):
+                try:
+                    torch.ops.load_library(os.path.join(folder, name))
+                except (OSError, RuntimeError):
+                    return False
+                return _schema_exists("nms")
+    return False
 
 
 def _schema_exists(name: str) -> bool:
