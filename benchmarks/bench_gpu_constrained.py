@@ -673,7 +673,6 @@ def merge_results(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         for key in ("workload", "model", "max_new_tokens"):
             if r.get(key) != first.get(key):
                 merged["problems"].append(f"merged runs differ in {key}: {r.get(key)!r} vs {first.get(key)!r}")
-        merged["rows"] += r["rows"]
         merged["engines"] += r.get("engines", [])
         merged["problems"] += r.get("problems", [])
         merged["commands"] += r.get("commands") or [r["command"]]
@@ -682,26 +681,26 @@ def merge_results(results: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         merged["wall_s"] += r.get("wall_s", 0.0)
     merged["command"] = merged["commands"][0]
     if all(r.get("raw") for r in results):
-        rounds: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
-        phases: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
-        for cell in merged["raw"]:
-            key = (cell["shape"], cell["bs"], cell["variant"])
-            rounds.setdefault(key, []).extend(cell["rounds"])
-            phases.setdefault(key, []).extend(cell.get("phases") or [])
-        cells = {k: summarize_cell(v, phases[k]) for k, v in rounds.items()}
-        shapes = [s["name"] if isinstance(s, dict) else s for s in merged["shapes"]]
-        merged["rows"] = table_rows(cells, shapes, merged["batch_sizes"])
+        return resummarize(merged)
+    merged["rows"] = [row for r in results for row in r["rows"]]
     return merged
 
 
 def resummarize(result: Dict[str, Any]) -> Dict[str, Any]:
     """``result`` with its rows rebuilt from its raw rounds by this version's :func:`summarize_cell` (a file written by
-    an older version gets the newer columns; the ratios stay those of its own run). A result without raw rounds is
+    an older version gets the newer columns; the ratios stay those of its own run), the rounds and phases of raw cells
+    of one (shape, bs, variant) pooled (:func:`merge_results`' raw holds one per run). A result without raw rounds is
     returned as it is."""
     raw = result.get("raw")
     if not raw:
         return result
-    cells = {(r["shape"], r["bs"], r["variant"]): summarize_cell(r["rounds"], r.get("phases") or []) for r in raw}
+    rounds: Dict[Tuple[str, int, str], List[Dict[str, Any]]] = {}
+    phases: Dict[Tuple[str, int, str], List[Dict[str, float]]] = {}
+    for cell in raw:
+        key = (cell["shape"], cell["bs"], cell["variant"])
+        rounds.setdefault(key, []).extend(cell["rounds"])
+        phases.setdefault(key, []).extend(cell.get("phases") or [])
+    cells = {k: summarize_cell(v, phases[k]) for k, v in rounds.items()}
     shapes = [s["name"] if isinstance(s, dict) else s for s in result.get("shapes", [])]
     return {**result, "rows": table_rows(cells, shapes or sorted({k[0] for k in cells}), result["batch_sizes"])}
 

@@ -177,7 +177,7 @@ class MaskUploader:
             event = api.Event()
             event.record(side)
         caller.wait_event(event)
-        if not out.is_cpu:
+        if not out.is_cpu:  # always, with a device's own stream API; a stand-in API (tests) copies to the CPU
             out.record_stream(caller)
         self._event = event
         self.side_uploads += 1

@@ -52,7 +52,8 @@ def _load_torchvision_library() -> bool:
     import torch
 
     spec = importlib.util.find_spec("torchvision")
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
         try:
             names = sorted(os.listdir(folder))
         except OSError:
