@@ -57,9 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GPU_FILES = tuple(RESULTS / f"gpu_constrained_cuda_0.5.16_h200_{s}.json"
                   for s in ("topk1", "topk1_inline", "topk4", "topk4_inline"))
-# the new path measured on the H200 (2026-11-27, `run.sh bench-table`, the 14th session's product code): its `json`
-# variant is this checkout's default path (the 2026-11-26 run of the 9th session's code: ..._h200_paths.json)
-NEW_GPU_FILES = (RESULTS / "gpu_constrained_cuda_0.5.16_h200_table.json",)
+# the new path measured on the H200 (2026-11-27, `run.sh bench-table`, the 15th session's product code 4bcba40, mask
+# upload on its side stream): its `json` variant is this checkout's default path (the 14th session's code, same day:
+# ..._h200_table.json; the 9th session's, 2026-11-26: ..._h200_paths.json)
+NEW_GPU_FILES = (RESULTS / "gpu_constrained_cuda_0.5.16_h200_table_upload.json",)
 BUDGET = RESULTS / "scheduler_budget_0.5.16_step_model.json"
 MEASURED_REV = "before"  # the budget file's path holding the revision the H200 measured (a4e4bca, forced drafts off)
 NEW_PATH = "thread"  # this checkout's default path

@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict, Optional
 
 import pytest
 
@@ -109,11 +110,11 @@ def test_import_stand_ins_cover_what_sglang_imports(tmp_path):
     assert "raised" in r.stdout and "sampling-backend pytorch" in r.stdout
 
 
-def _run_sh(*args: str, dry: bool = True) -> subprocess.CompletedProcess:
+def _run_sh(*args: str, dry: bool = True, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     # without the plugin's switches of this process: a dry run prints those set for the call in front of its command
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_EAGLE_OVERLAP")}
-    env.update(PYTHON=sys.executable, DRY_RUN="1" if dry else "0")
-    return subprocess.run(["bash", str(GPU / "run.sh"), *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    call_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_EAGLE_OVERLAP")}
+    call_env.update(PYTHON=sys.executable, DRY_RUN="1" if dry else "0", **(env or {}))
+    return subprocess.run(["bash", str(GPU / "run.sh"), *args], capture_output=True, text=True, env=call_env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -149,30 +150,34 @@ def test_bench_sub_commands_run_one_shape_into_the_named_folder(bench, tmp_path,
     assert args.variant_list == table
 
 
-def test_bench_table_is_three_parts_then_one_merge(bench, tmp_path):
-    """``bench-table``: the default path with unconstrained (both shapes), the same for topk 4 with the mask upload on
-    the verify's stream, stock topk 1 and the inline path topk 1, each one round into its own folder under OUT (extra
-    arguments reach every part), then one merge into OUT."""
+@pytest.mark.parametrize("upload_ab", [False, True], ids=["table", "with-upload-ab"])
+def test_bench_table_is_three_parts_then_one_merge(bench, tmp_path, upload_ab):
+    """``bench-table``: the default path with unconstrained (both shapes), stock topk 1 and the inline path topk 1,
+    each one round into its own folder under OUT (extra arguments reach every part), then one merge of those three
+    into OUT; ``TABLE_UPLOAD_AB=1`` adds, last and unmerged, the topk 4 default path with the mask upload on the
+    verify's stream."""
     out = tmp_path / "out"
-    r = _run_sh("bench-table", str(out), "--", "--batch-sizes", "1,8")
+    r = _run_sh("bench-table", str(out), "--", "--batch-sizes", "1,8",
+                env={"TABLE_UPLOAD_AB": "1" if upload_ab else "0"})
     assert r.returncode == 0, r.stderr
     lines = [shlex.split(line) for line in r.stdout.splitlines()]
-    assert len(lines) == 5
+    assert len(lines) == (5 if upload_ab else 4)
     parts = []
-    for cmd in lines[:4]:
+    for cmd in lines[:-1]:
         env = [a for a in cmd if a.startswith("SGLANG_EAGLE_OVERLAP")]
         cmd = cmd[len(env):]
         assert cmd[:2] == [sys.executable, "benchmarks/bench_gpu_constrained.py"]
         args = bench.parse_args(cmd[2:])
         assert args.device == "cuda" and args.rounds == 1 and args.batch_sizes == [1, 8]
         parts.append((args.out, args.variant_list, [s.name for s in args.shape_list], env))
-    assert parts == [(str(out / "on"), ["json", "unconstrained"], ["topk1", "topk4"], []),
-                     (str(out / "upload0"), ["json", "unconstrained"], ["topk4"],
-                      ["SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0"]),
-                     (str(out / "stock"), ["json-off"], ["topk1"], []),
-                     (str(out / "inline"), ["json-inline"], ["topk1"], [])]
+    table = [(str(out / "on"), ["json", "unconstrained"], ["topk1", "topk4"], []),
+             (str(out / "stock"), ["json-off"], ["topk1"], []),
+             (str(out / "inline"), ["json-inline"], ["topk1"], [])]
+    upload0 = [(str(out / "upload0"), ["json", "unconstrained"], ["topk4"],
+                ["SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0"])]
+    assert parts == table + (upload0 if upload_ab else [])
     # the merged table holds the default path, stock and inline: the upload A/B stays in its own folder
-    assert lines[4][-5:] == ["merge", str(out), str(out / "on"), str(out / "stock"), str(out / "inline")]
+    assert lines[-1][-5:] == ["merge", str(out), str(out / "on"), str(out / "stock"), str(out / "inline")]
 
 
 def test_cuda_test_sub_commands_split_the_cuda_tests_between_them(tmp_path):

@@ -12,12 +12,13 @@
 #                             warm-up: the plugin's default path (grammar thread) next to unconstrained in one engine,
 #                             then the inline path (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0) in another; no stock
 #                             (the call that fits one device slot when only one is lent)
-#   bench-table     OUT       the whole table in ONE device call (H200, 2026-11-27: ~520 s with the unpacking):
+#   bench-table     OUT       the whole table in ONE device call (H200, 2026-11-27: ~500 s with the unpacking):
 #                             OUT/on = bench-paths's default path + unconstrained (both shapes, one engine each),
-#                             OUT/upload0 = the same for topk 4 with the mask upload on the verify's stream
-#                             (SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0; not merged), OUT/stock = stock SGLang
-#                             topk 1, OUT/inline = the inline path topk 1, each one round, then OUT/on, OUT/stock and
-#                             OUT/inline merged into OUT (one row per shape and bs); a part that cannot finish before
+#                             OUT/stock = stock SGLang topk 1, OUT/inline = the inline path topk 1, each one round,
+#                             then the three merged into OUT (one row per shape and bs); TABLE_UPLOAD_AB=1 adds, last,
+#                             OUT/upload0 = the default path + unconstrained for topk 4 with the mask upload on the
+#                             verify's stream (SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0; not merged: measured on an
+#                             H200 2026-11-27, it does not fit next to the three); a part that cannot finish before
 #                             TABLE_DEADLINE_S (default 560) seconds after the start is skipped and said so
 #   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained),
 #                             plugin-off engine (json, stock) and the plugin with its grammar work inline (json),
@@ -42,7 +43,7 @@
 # DRY_RUN=1 prints the command a sub-command would run and stops before anything is unpacked (tests use it).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-usage() { sed -n '5,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,/^#   env /p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 mode=${1:-}
 [ -n "$mode" ] || usage
 shift
@@ -89,12 +90,14 @@ if [ "$mode" = bench-table ]; then
     timeout -k 10 "$(( left > 10 ? left - 5 : 5 ))" bash "$0" "$@" || echo "[run.sh bench-table] $name: rc $?" >&2
   }
   part on 0 bench-paths "$out/on" -- --variants json,unconstrained "$@"
-  # the mask upload on the verify's stream (the side stream's A/B: compare its `over unc.` with OUT/on's, each inside
-  # its own engine); topk 4 has the larger mask; kept out of the merged table
-  SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0 part upload0 110 bench-paths "$out/upload0" -- \
-    --variants json,unconstrained --shapes topk4 "$@"
   part stock 170 bench-stock "$out/stock" topk1 -- --rounds 1 "$@"
   part inline 100 bench-paths "$out/inline" -- --variants json-inline --shapes topk1 "$@"
+  if [ "${TABLE_UPLOAD_AB:-0}" = 1 ]; then
+    # the mask upload on the verify's stream (the side stream's A/B: compare its `over unc.` with OUT/on's, each
+    # inside its own engine); topk 4 has the larger mask; kept out of the merged table
+    SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0 part upload0 130 bench-paths "$out/upload0" -- \
+      --variants json,unconstrained --shapes topk4 "$@"
+  fi
   merge_cmd=(bash "$0" merge "$out" "$out/on" "$out/stock" "$out/inline")
   if [ "${DRY_RUN:-0}" = 1 ]; then printf '%q ' "${merge_cmd[@]}"; echo; exit 0; fi
   exec "${merge_cmd[@]}"
