@@ -12,14 +12,15 @@
 #                             warm-up: the plugin's default path (grammar thread) next to unconstrained in one engine,
 #                             then the inline path (SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0) in another; no stock
 #                             (the call that fits one device slot when only one is lent)
-#   bench-table     OUT       the whole table in ONE device call (H200, 2026-11-27: ~500 s with the unpacking):
+#   bench-table     OUT       the whole table in ONE device call (H200, 2026-11-27 parts: ~530 s with unpacking):
 #                             OUT/on = bench-paths's default path + unconstrained (both shapes, one engine each),
 #                             OUT/stock = stock SGLang topk 1, OUT/inline = the inline path topk 1, each one round,
 #                             then the three merged into OUT (one row per shape and bs); TABLE_UPLOAD_AB=1 adds, last,
 #                             OUT/upload0 = the default path + unconstrained for topk 4 with the mask upload on the
 #                             verify's stream (SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM=0; not merged: measured on an
 #                             H200 2026-11-27, it does not fit next to the three); a part that cannot finish before
-#                             TABLE_DEADLINE_S (default 560) seconds after the start is skipped and said so
+#                             TABLE_DEADLINE_S (default 580: run it with a 600 s limit) seconds after the start is
+#                             skipped and said so
 #   bench-topk1     OUT       the GPU table's topk 1 rows: bs 1/8/32/64, plugin-on engine (json + unconstrained),
 #                             plugin-off engine (json, stock) and the plugin with its grammar work inline (json),
 #                             160-token outputs (measured on an H200: 536 s with the archive's unpacking)
@@ -78,7 +79,7 @@ fi
 [ "${1:-}" = "--" ] && shift
 if [ "$mode" = bench-table ]; then
   # three parts, each its own engine(s) and output folder, inside one deadline; then one merged table in OUT
-  deadline=$(( $(date +%s) + ${TABLE_DEADLINE_S:-560} ))
+  deadline=$(( $(date +%s) + ${TABLE_DEADLINE_S:-580} ))
   part() {  # NAME SECONDS-IT-NEEDS SUB-COMMAND ARGS...
     local name=$1 need=$2 left
     shift 2
