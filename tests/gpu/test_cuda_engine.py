@@ -1,14 +1,25 @@
 """The plugin on CUDA, real SGLang engine, tiny local model pairs, bf16, CUDA graphs (``@pytest.mark.cuda``).
 
-* greedy EAGLE3 (topk 1 / 3 steps / 4 tokens and topk 4 / 3 steps / 8 tokens), plugin on and off, is token-identical
-  to non-speculative greedy decoding, one request at a time and batched, for JSON schemas, a regex and an EBNF; the
-  constrained outputs are valid; with the plugin on its stats show it owned the steps (no fallback, no abort), with it
-  off no stats appear;
+* greedy EAGLE3 (topk 1 / 3 steps / 4 tokens and topk 4 / 3 steps / 8 tokens), plugin on and off, matches
+  non-speculative greedy decoding, one request at a time and batched, for JSON schemas, a regex, an EBNF and one
+  unconstrained request, *up to bf16 near-ties*: token for token, or up to the first position where the
+  non-speculative reference's top-1 and top-2 logprobs (after the grammar mask) lie less than ``EPS`` apart and the
+  EAGLE output took the other of those two tokens; nothing after that position is compared
+  (``tests/gpu/greedy_compare.py``, which says why and where ``EPS`` comes from). Exact identity is not a sound claim
+  here: on the H200 stock SGLang's own non-speculative greedy output differs between single and batched requests on
+  this random-weight pair, whose top-2 gaps are mostly a few hundredths of a nat. A token outside the reference's top
+  two, or any difference where the reference's gap is ``EPS`` or more, fails. The constrained outputs are valid; with
+  the plugin on its stats show it owned the steps (no fallback, no abort), with it off no stats appear;
 * sampling (temperature 0.8), topk 1 and 4, plugin on: every output token is accepted by the compiled grammar and a
   finished output ends where the grammar can end (JSON validity itself is not asserted: xgrammar compiles a bounded
   ``maxLength`` string to a class that admits raw control characters, notes/gpu-runtime.md);
-* a KV pool too small for the load forces retractions while other requests are aborted: the survivors are
-  token-identical to the same requests run alone, the victims end with an abort, the plugin aborted nothing.
+* a KV pool too small for the load forces retractions while other requests are aborted: the survivors match the same
+  requests run alone (with logprobs) up to near-ties as above, the victims end with an abort, the plugin aborted
+  nothing.
+
+Each comparison also fails when near-ties cut the requests so short that under ``MIN_COMPARED_FRACTION`` (10 %) of
+the reference tokens were compared; the compared counts and the accepted ties go to the junit xml (``record_property``).
+``SGLANG_EO_GPU_TIE_EPS`` overrides ``EPS`` (a model with larger logits has larger bf16 steps).
 
 What CPU tests cannot show and these do: real stream concurrency between the verify forward and the scheduler thread,
 pinned-memory copies, CUDA-graph replay, FULL_MASK tree masks, non-greedy verification.
@@ -32,6 +43,7 @@ import pytest
 
 from ..e2e.common import EBNF, REGEX, ebnf_matches, output_ids
 from .conftest import RETRACTION_CONFIG, GpuConfig, engine_kwargs, server_flags
+from .greedy_compare import EPS, GroupVerdict, compare_group
 
 pytestmark = pytest.mark.cuda
 
@@ -53,6 +65,7 @@ SCHEMAS: List[Dict[str, Any]] = [
 PROMPTS = ["Describe a place:", "Status report:", "Encode the value:", "Answer briefly:", "Fill the form:",
            "Next record:"]
 MAX_NEW = 48
+TIE_EPS = float(os.environ.get("SGLANG_EO_GPU_TIE_EPS", EPS))
 
 
 def _cases() -> List[Dict[str, Any]]:
@@ -62,10 +75,40 @@ def _cases() -> List[Dict[str, Any]]:
     return [{"prompt": p, "params": dict(base, **g)} for p, g in zip(PROMPTS, grammars)]
 
 
-def _generate(engine, cases: List[Dict[str, Any]], batched: bool) -> List[Dict[str, Any]]:
+def _generate(engine, cases: List[Dict[str, Any]], batched: bool, logprobs: bool = False) -> List[Dict[str, Any]]:
+    # logprobs: the reference's top two per output position (greedy_compare.py's docstring: shape, grammar mask)
+    kw: Dict[str, Any] = {"return_logprob": True, "top_logprobs_num": 2} if logprobs else {}
     if batched:
-        return engine.generate(prompt=[c["prompt"] for c in cases], sampling_params=[c["params"] for c in cases])
-    return [engine.generate(prompt=c["prompt"], sampling_params=c["params"]) for c in cases]
+        return engine.generate(prompt=[c["prompt"] for c in cases], sampling_params=[c["params"] for c in cases],
+                               **kw)
+    return [engine.generate(prompt=c["prompt"], sampling_params=c["params"], **kw) for c in cases]
+
+
+def _top(out: Dict[str, Any]) -> List[Any]:
+    """The reference's ``output_top_logprobs`` (one entry per output token; where one is missing, a divergence at
+    that position fails: no tie can be shown there)."""
+    top = (out.get("meta_info") or {}).get("output_top_logprobs")
+    assert top is not None, ("a reference sent with top_logprobs_num=2 came back without output_top_logprobs "
+                             f"(meta_info keys {sorted(out.get('meta_info') or {})})")
+    return top
+
+
+def _compare(label: str, candidates: List[List[int]], refs: List[Dict[str, Any]], labels: List[str],
+             record=None) -> GroupVerdict:
+    """Each candidate against its reference (``{"ids", "top"}``) up to near-ties; the counts go to ``record``."""
+    verdict = compare_group(label, candidates, [r["ids"] for r in refs], [r["top"] for r in refs], eps=TIE_EPS,
+                            labels=labels)
+    ties = ", ".join(f"{name} at {pos} (gap {gap:.4f})" for name, pos, gap in verdict.ties) or "none"
+    summary = f"{label}: {verdict.compared} of {verdict.total} reference tokens compared; near-ties: {ties}"
+    print(summary)
+    if record is not None:
+        record(label, summary)
+    return verdict
+
+
+def _case_labels(cases: List[Dict[str, Any]]) -> List[str]:
+    return [f"case {i} {sorted(set(c['params']) - {'temperature', 'max_new_tokens'}) or 'unconstrained'}"
+            for i, c in enumerate(cases)]
 
 
 def _check_valid(case: Dict[str, Any], out: Dict[str, Any]) -> None:
@@ -82,31 +125,34 @@ def _check_valid(case: Dict[str, Any], out: Dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(gpu_pool) -> Dict[str, List[List[int]]]:
-    """Non-speculative greedy outputs (plugin off: stock SGLang), one at a time and batched."""
+def reference(gpu_pool) -> Dict[str, List[Dict[str, Any]]]:
+    """Non-speculative greedy outputs (plugin off: stock SGLang), one at a time and batched: per request its
+    ``{"ids", "top"}`` (token ids, top-2 logprobs per output position)."""
     engine = gpu_pool.get(GpuConfig(spec=None, plugin=False))
     cases = _cases()
     ref = {}
     for batched in (False, True):
-        outs = _generate(engine, cases, batched)
+        outs = _generate(engine, cases, batched, logprobs=True)
         for c, o in zip(cases, outs):
             _check_valid(c, o)
-        ref[str(batched)] = [output_ids(o) for o in outs]
-    assert ref["False"] == ref["True"], "non-speculative greedy differs between single and batched requests"
+        ref[str(batched)] = [{"ids": output_ids(o), "top": _top(o)} for o in outs]
+    # precondition: stock SGLang's batched greedy output matches its single one up to bf16 near-ties (exact identity
+    # does not hold on the H200: kernels differ with the batch shape)
+    _compare("non-speculative batched vs single", [r["ids"] for r in ref["True"]], ref["False"], _case_labels(cases))
     return ref
 
 
 @pytest.mark.parametrize("plugin", [True, False], ids=["plugin-on", "plugin-off"])
 @pytest.mark.parametrize("spec", ["topk1", "topk4"])
-def test_greedy_eagle3_token_identical_to_non_speculative(gpu_pool, reference, spec, plugin):
+def test_greedy_eagle3_matches_non_speculative_up_to_near_ties(gpu_pool, reference, spec, plugin, record_property):
     engine = gpu_pool.get(GpuConfig(spec=spec, plugin=plugin))
     cases = _cases()
     for batched in (False, True):
         outs = _generate(engine, cases, batched)
-        got = [output_ids(o) for o in outs]
-        for i, (c, o) in enumerate(zip(cases, outs)):
-            assert got[i] == reference[str(batched)][i], (spec, plugin, batched, c["params"], o["text"])
+        for c, o in zip(cases, outs):
             _check_valid(c, o)
+        label = f"{spec} plugin-{'on' if plugin else 'off'} {'batched' if batched else 'single'}"
+        _compare(label, [output_ids(o) for o in outs], reference[str(batched)], _case_labels(cases), record_property)
     stats = gpu_pool.stats()
     if plugin:
         assert stats.get("active") is True and stats["steps"] > 0, stats
@@ -218,7 +264,7 @@ class _Server:
         self.log.close()
 
 
-def test_small_kv_pool_retractions_next_to_aborts(gpu_pool, tmp_path):
+def test_small_kv_pool_retractions_next_to_aborts(gpu_pool, tmp_path, record_property):
     gpu_pool.close()  # the server below needs the GPU memory
     pair = gpu_pool.pair("random")
     stats_file = str(tmp_path / "stats.json")
@@ -262,9 +308,13 @@ def test_small_kv_pool_retractions_next_to_aborts(gpu_pool, tmp_path):
             out = results[s["rid"]]
             assert isinstance(out, dict) and out["meta_info"]["finish_reason"]["type"] != "abort", out
             concurrent[s["rid"]] = output_ids(out)
-        for s in survivors:  # alone: no memory pressure, no retraction
-            alone = _post(server.url + "/generate", dict(s, rid=s["rid"] + "-alone"))
-            assert output_ids(alone) == concurrent[s["rid"]], (s, alone["text"])
+        alone = []
+        for s in survivors:  # alone: no memory pressure, no retraction; the reference, with its top-2 logprobs
+            out = _post(server.url + "/generate", dict(s, rid=s["rid"] + "-alone", return_logprob=True,
+                                                       top_logprobs_num=2))
+            alone.append({"ids": output_ids(out), "top": _top(out)})
+        _compare("survivors concurrent vs alone", [concurrent[s["rid"]] for s in survivors], alone,
+                 [s["rid"] for s in survivors], record_property)
         with open(stats_file) as f:
             stats = json.load(f)
         assert stats["active"] is True and stats["aborts"] == 0 and stats["mask_failures"] == 0, stats
