@@ -176,14 +176,16 @@ def _step():
     return runtime.current().step
 
 
-def _processor(algo="EAGLE3"):
-    """A real ``SchedulerBatchResultProcessor``; its grammar paths read only ``server_args``."""
+def _processor(algo="EAGLE3", **given):
+    """A real ``SchedulerBatchResultProcessor`` (a frozen dataclass with slots); its grammar paths read only
+    ``server_args``, ``_resolve_spec_v2_tokens`` also ``model_worker`` (``given``)."""
     import dataclasses
 
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 
     fields = {f.name: None for f in dataclasses.fields(SchedulerBatchResultProcessor)}
     fields["server_args"] = types.SimpleNamespace(speculative_algorithm=algo)
+    fields.update(given)
     return SchedulerBatchResultProcessor(**fields)
 
 
@@ -359,6 +361,58 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     del d.output_ids[:]
     assert band.advance_queued_results(rt, sched.result_queue) == 0 and fed() == want
     for key in ("b-A", "b-D"):
+        step.ledger.forget(key)
+
+
+def _verify_result(runs, stride=4):
+    """A spec-v2 verify result on the host whose row ``i`` accepted ``runs[i]``."""
+    import torch
+
+    ids = [t for run in runs for t in list(run) + [0] * (stride - len(run))]
+    return types.SimpleNamespace(next_token_ids=torch.tensor(ids), accept_lens=torch.tensor([len(r) for r in runs]),
+                                 block_accept_lens=None, cap_lens=None, speculative_num_draft_tokens=stride,
+                                 speculative_output_stride=None, copy_done=None)
+
+
+def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, monkeypatch):
+    """One verify result through the barrier (the next verify's ``advance_queued_results``), then through SGLang's own
+    ``_resolve_spec_v2_tokens``, the loop that calls the hooked ``_accept_grammar_tokens`` once per request: A's run
+    was fed whole (replayed), B's drafted past the grammar's end (cut after the terminating token), C's was rejected
+    after its first token (aborted, its valid prefix kept), D is retracted and E unconstrained (neither asked). Every
+    run is committed as SGLang commits it and each grammar is fed exactly once."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_eagle_overlap.adapters.v0_5_16 import band
+    from sglang_eagle_overlap.integration import runtime
+
+    step = _step()
+    doc = _doc(6)
+    k, j, m = 2, len(doc) - 2, len(doc) - 3
+    a, d = (_req(f"r-{x}", doc[:k]) for x in "AD")
+    b, c = _req("r-B", doc[:j]), _req("r-C", doc[:m])
+    e = _req("r-E", doc[:k], grammar=False)
+    d.is_retracted = True
+    runs = [doc[k:k + 3], doc[j:] + [doc[0]], [doc[m], doc[0], doc[m + 1]], doc[k:k + 1], [7, 8]]  # C: '{' rejected
+    # has_grammar False: the overlap loop hands post-processing a copy of the batch without that flag
+    batch = types.SimpleNamespace(reqs=[a, b, c, d, e], forward_mode=ForwardMode.DECODE, has_grammar=False)
+    result = _verify_result(runs)
+    assert band.advance_queued_results(runtime.active(), [(batch, result)]) == 3 + 2 + 1
+    replays = step.stats.counters["replays"]
+    asked = []
+    ask = SchedulerBatchResultProcessor._accept_grammar_tokens  # the hooked method, wrapped to see the loop's asks
+    monkeypatch.setattr(SchedulerBatchResultProcessor, "_accept_grammar_tokens",
+                        lambda self, req, toks: asked.append(req.rid) or ask(self, req, toks))
+    worker = types.SimpleNamespace(on_verify_complete_cpu=lambda *args, **kwargs: None)
+    out = _processor(model_worker=worker)._resolve_spec_v2_tokens(result, batch)
+    assert out == [runs[0], doc[j:], [doc[m]], runs[3], runs[4]] and asked == ["r-A", "r-B", "r-C"]
+    assert a.grammar.accepted_tokens == doc[:k + 3] and b.grammar.accepted_tokens == doc
+    assert c.grammar.accepted_tokens == doc[:m + 1] and d.grammar.accepted_tokens == doc[:k]
+    assert [r.kv_committed_len for r in (a, b, c, e)] == [3, 2, 1, 2] and d.kv_committed_len == 0
+    assert isinstance(c.to_finish, FINISH_ABORT) and all(r.to_finish is None for r in (a, b, d, e))
+    assert step.stats.counters["replays"] == replays + 3  # nothing fed again: A, B, C answered from the ledger
+    for key in ("r-A", "r-B", "r-C"):
         step.ledger.forget(key)
 
 
