@@ -315,6 +315,16 @@ def test_missing_target_refuses_and_stays_passive(tmp_path):
     assert "UPSTREAM True" in out.stdout  # hooks landed but stay passive: SGLang's own decision
 
 
+def _verify_result(runs, stride=4):
+    """A spec-v2 verify result on the host whose row ``i`` accepted ``runs[i]``."""
+    import torch
+
+    ids = [t for run in runs for t in list(run) + [0] * (stride - len(run))]
+    return types.SimpleNamespace(next_token_ids=torch.tensor(ids), accept_lens=torch.tensor([len(r) for r in runs]),
+                                 block_accept_lens=None, cap_lens=None, speculative_num_draft_tokens=stride,
+                                 speculative_output_stride=None, copy_done=None)
+
+
 def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     """result_queue holds a decode result (A, B finished, C retracted) and a prefill result (D, E still chunked)."""
     import torch
@@ -331,12 +341,8 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     c.is_retracted = True
     d, e = _req("b-D"), _req("b-E")
     e.inflight_middle_chunks = 1
-    stride = 4
-    #  rows:            A: doc[1:3]          B: doc[1:2]          C: doc[1:4]
-    ids = torch.tensor(doc[1:3] + [0, 0] + doc[1:2] + [0, 0, 0] + doc[1:4] + [0])
     decode = (types.SimpleNamespace(reqs=[a, b, c], forward_mode=ForwardMode.DECODE),
-              types.SimpleNamespace(next_token_ids=ids, accept_lens=torch.tensor([2, 1, 3]),
-                                    speculative_num_draft_tokens=stride, copy_done=None))
+              _verify_result([doc[1:3], doc[1:2], doc[1:4]]))  # A, B, C's runs at stride 4
     prefill = (types.SimpleNamespace(reqs=[d, e], forward_mode=ForwardMode.EXTEND),
                types.SimpleNamespace(next_token_ids=torch.tensor([doc[0], doc[0]]), copy_done=None))
 
@@ -362,16 +368,6 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     assert band.advance_queued_results(rt, sched.result_queue) == 0 and fed() == want
     for key in ("b-A", "b-D"):
         step.ledger.forget(key)
-
-
-def _verify_result(runs, stride=4):
-    """A spec-v2 verify result on the host whose row ``i`` accepted ``runs[i]``."""
-    import torch
-
-    ids = [t for run in runs for t in list(run) + [0] * (stride - len(run))]
-    return types.SimpleNamespace(next_token_ids=torch.tensor(ids), accept_lens=torch.tensor([len(r) for r in runs]),
-                                 block_accept_lens=None, cap_lens=None, speculative_num_draft_tokens=stride,
-                                 speculative_output_stride=None, copy_done=None)
 
 
 def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, monkeypatch):
