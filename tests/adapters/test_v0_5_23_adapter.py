@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import random
 from types import SimpleNamespace
-from typing import List
 
 import pytest
 import torch
 
+from sglang_eo_dev.helpers.devices import verify_result
 from sglang_eo_dev.helpers.grammars import ensure_sglang_importable, sglang_grammar
 
 pytestmark = pytest.mark.sglang_0_5_23
@@ -48,17 +48,6 @@ def _doc(seed=0):
     from sglang_eo_dev.helpers.grammars import doc_tokens
 
     return list(doc_tokens("nested", random.Random(seed), VOCAB))
-
-
-def _decode_result(runs: List[List[int]], stride: int):
-    from sglang.srt.managers.utils import GenerationBatchResult
-
-    ids = []
-    for run in runs:
-        ids += list(run) + [0] * (stride - len(run))
-    return GenerationBatchResult(next_token_ids=torch.tensor(ids, dtype=torch.int64),
-                                 accept_lens=torch.tensor([len(r) for r in runs], dtype=torch.int32),
-                                 speculative_num_draft_tokens=stride)
 
 
 def _batch(reqs, mode="DECODE"):
@@ -119,10 +108,10 @@ def test_advance_matches_upstream(case):
         return reqs, [doc[3:5], doc[3:5], doc[3:6]]
 
     up_reqs, runs = scenario()
-    up_res = _decode_result(runs, n)
+    up_res = verify_result(runs, n)
     _upstream_advance(up_res, _batch(up_reqs))
     our_reqs, runs = scenario()
-    our_res = _decode_result(runs, n)
+    our_res = verify_result(runs, n)
     _ours_advance(our_res, _batch(our_reqs))
     assert our_res.grammar_advanced and up_res.grammar_advanced
     assert our_res.grammar_retained_tokens == up_res.grammar_retained_tokens
@@ -161,7 +150,7 @@ def test_extend_advances_prefill_token_and_skips_inflight_chunks():
 def test_advance_is_exactly_once_across_barrier_and_result_processor(active_state):
     doc = _doc()
     req = _req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
-    res = _decode_result([doc[4:7]], 4)
+    res = verify_result([doc[4:7]], 4)
     _ours_advance(res, _batch([req]))  # the barrier, inside the next verify
     _ours_advance(res, _batch([req]))  # the result processor: flag set, nothing happens
     res.grammar_advanced = False  # even if the flag were lost, the ledger replays the recorded outcome
@@ -178,11 +167,11 @@ def test_a_finished_request_is_forgotten_by_the_ledger_and_the_live_ones_are_kep
     ledger = active_state.step.ledger
     a = _req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
     b = _req("b", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
-    _ours_advance(_decode_result([doc[4:6], doc[4:5]], 4), _batch([a, b]))
+    _ours_advance(verify_result([doc[4:6], doc[4:5]], 4), _batch([a, b]))
     assert "a" in ledger and "b" in ledger
     a.finished = lambda: True  # a finished with that run; b goes on
     b.output_ids += doc[4:5]
-    res = _decode_result([doc[6:7], doc[5:7]], 4)
+    res = verify_result([doc[6:7], doc[5:7]], 4)
     _ours_advance(res, _batch([a, b]))
     assert "a" not in ledger and "b" in ledger and ledger.consumed("b") == 7
     assert res.grammar_retained_tokens == [None, doc[5:7]]

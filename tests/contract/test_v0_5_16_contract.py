@@ -315,21 +315,13 @@ def test_missing_target_refuses_and_stays_passive(tmp_path):
     assert "UPSTREAM True" in out.stdout  # hooks landed but stay passive: SGLang's own decision
 
 
-def _verify_result(runs, stride=4):
-    """A spec-v2 verify result on the host whose row ``i`` accepted ``runs[i]``."""
-    import torch
-
-    ids = [t for run in runs for t in list(run) + [0] * (stride - len(run))]
-    return types.SimpleNamespace(next_token_ids=torch.tensor(ids), accept_lens=torch.tensor([len(r) for r in runs]),
-                                 block_accept_lens=None, cap_lens=None, speculative_num_draft_tokens=stride,
-                                 speculative_output_stride=None, copy_done=None)
-
-
 def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     """result_queue holds a decode result (A, B finished, C retracted) and a prefill result (D, E still chunked)."""
     import torch
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang_eo_dev.helpers.devices import verify_result
 
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
@@ -342,9 +334,9 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     d, e = _req("b-D"), _req("b-E")
     e.inflight_middle_chunks = 1
     decode = (types.SimpleNamespace(reqs=[a, b, c], forward_mode=ForwardMode.DECODE),
-              _verify_result([doc[1:3], doc[1:2], doc[1:4]]))  # A, B, C's runs at stride 4
+              verify_result([doc[1:3], doc[1:2], doc[1:4]], 4))  # A, B, C's runs at stride 4
     prefill = (types.SimpleNamespace(reqs=[d, e], forward_mode=ForwardMode.EXTEND),
-               types.SimpleNamespace(next_token_ids=torch.tensor([doc[0], doc[0]]), copy_done=None))
+               GenerationBatchResult(next_token_ids=torch.tensor([doc[0], doc[0]])))
 
     class _Sched:
         result_queue = [decode, prefill]
@@ -379,6 +371,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang_eo_dev.helpers.devices import verify_result
 
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
@@ -393,7 +386,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
     runs = [doc[k:k + 3], doc[j:] + [doc[0]], [doc[m], doc[0], doc[m + 1]], doc[k:k + 1], [7, 8]]  # C: '{' rejected
     # has_grammar False: the overlap loop hands post-processing a copy of the batch without that flag
     batch = types.SimpleNamespace(reqs=[a, b, c, d, e], forward_mode=ForwardMode.DECODE, has_grammar=False)
-    result = _verify_result(runs)
+    result = verify_result(runs, 4)
     assert band.advance_queued_results(runtime.active(), [(batch, result)]) == 3 + 2 + 1
     replays = step.stats.counters["replays"]
     asked = []
