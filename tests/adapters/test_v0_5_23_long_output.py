@@ -24,7 +24,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.adapters.test_v0_5_23_adapter import VOCAB, _batch, _decode_result, _ours_advance, _req, active_state  # noqa: F401
+from tests.adapters.test_v0_5_23_adapter import VOCAB, _batch, _ours_advance, _req, active_state  # noqa: F401
+from sglang_eo_dev.helpers.devices import verify_result
 from sglang_eo_dev.helpers.grammars import ensure_sglang_importable
 
 pytestmark = pytest.mark.sglang_0_5_23
@@ -107,7 +108,7 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
             break
         run = drafts  # every draft accepted (+ the bonus is the next root)
         pos += len(run)
-        pending = _decode_result([run], n)
+        pending = verify_result([run], n)
         # Advance eagerly if this was the last run (no next verify to host the barrier).
         if pos >= len(truth):
             _ours_advance(pending, _batch([req]))
