@@ -1,4 +1,4 @@
-"""Decode step time of the real SGLang engine on CPU, plugin on vs off, under constrained EAGLE3 load (issue #4).
+"""Decode step time of the real SGLang engine on CPU, plugin on vs off, under constrained EAGLE3 load.
 
 For each EAGLE3 variant (topk 1: 3 steps / 4 draft tokens; topk 4: 3 steps / 8 draft tokens) a fresh in-process CPU
 engine (``sglang_eo_dev.cpu_runtime.engine.start_engine``, the hand-set "follower" pair whose drafts the grammar accepts,

@@ -8,7 +8,9 @@ the true continuation, so every node is valid) and alternate A B B A per step; m
 median of the paired after/before ratios. Only ``core/forced.py`` is taken from the revision; the rest is the
 working tree's.
 
-    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_forced_ab.py --before 3b24664
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_forced_ab.py --before REV
+
+(REV: the revision whose ``core/forced.py`` the change replaces, e.g. ``HEAD`` for uncommitted work.)
 
 Prints a markdown table; nothing is written. Not a test.
 """

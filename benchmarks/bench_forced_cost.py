@@ -1,4 +1,4 @@
-"""What grammar-forced drafts (issue 19) cost per verify step on the host, by batch size and tree.
+"""What grammar-forced drafts cost per verify step on the host, by batch size and tree.
 
 Two parts of the cost, timed in one process, alternating with and without forced drafts (medians of per-step times):
 
@@ -125,7 +125,7 @@ def main() -> None:
            "2-core machine (shared, noisy), 1 torch thread, 1 fill thread")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "forced_cost.json").write_text(json.dumps({"command": cmd, "env": env, "rows": rows}, indent=1))
-    lines = ["# Grammar-forced drafts: host cost per verify step (issue 19)", "", f"Command: `{cmd}`", "", env + ".",
+    lines = ["# Grammar-forced drafts: host cost per verify step", "", f"Command: `{cmd}`", "", env + ".",
              "", "| tree nodes | bs | mask build, forced off (ms) | forced on (ms) | extra (ms) | upload + pick + apply "
              "(ms, scheduler thread) |", "|---|---|---|---|---|---|"]
     for r in rows:

@@ -1,4 +1,4 @@
-"""The grammar thread next to a busy scheduler thread: what each GIL round trip costs (issue 17).
+"""The grammar thread next to a busy scheduler thread: what each GIL round trip costs.
 
 xgrammar releases the GIL inside every native call -- ``accept_token``, ``rollback``, ``is_terminated``, the fills.
 A thread that makes many short native calls must win the GIL back after each one; while another thread runs Python,
@@ -193,7 +193,7 @@ def main() -> None:
                                                           "benchmarks/bench_gil_convoy.py", *sys.argv[1:]])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"gil_convoy{suffix}.json").write_text(json.dumps({"command": cmd, "env": env, "rows": rows}, indent=1))
-    lines = ["# The grammar thread next to a busy scheduler thread (issue 17)", "",
+    lines = ["# The grammar thread next to a busy scheduler thread", "",
              f"Command: `{cmd}`", "", env + ". Medians per call. `busy` = while another thread runs pure Python "
              "throughout (the scheduler thread's stand-in); `scheduler speed` = that thread's loop rate meanwhile, "
              "relative to its rate alone.", "",

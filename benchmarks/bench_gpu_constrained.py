@@ -1,4 +1,4 @@
-"""Constrained EAGLE3 decode-step time on a GPU: json_schema with the plugin vs unconstrained vs plugin off (issue #17).
+"""Constrained EAGLE3 decode-step time on a GPU: json_schema with the plugin vs unconstrained vs plugin off.
 
 What it measures, in ONE run, per EAGLE3 shape (default topk 1: 3 steps / 4 draft tokens, and topk 4: 3 steps /
 8 draft tokens; others by ``--shape name=steps,topk,tokens``) and per batch size (default 1/8/32/64):
@@ -23,7 +23,7 @@ tree wait, mask, un-hidden, mask time-limit hits per request; one small file wri
 ``--no-plugin-stats`` turns it off) and the probe's grammar ms per step.
 
 **Workload** (``--workload``, default ``dummy-8b-json``: the setup of the measured H200 table in
-``../shared/notes/gpu-runtime.md`` and the README): Llama-3.1-8B-shaped target + EAGLE3 draft from
+``../shared/notes/gpu-runtime.md`` and docs/benchmarks.md): Llama-3.1-8B-shaped target + EAGLE3 draft from
 ``benchmarks/configs/`` with ``load_format="dummy"`` (random weights: accept length ~1, so every step pays the full
 verify and the full tree mask), a locally built 128k byte-level BPE tokenizer (~7 s, cached), bf16, CUDA graphs
 (decode graphs up to the largest batch size), overlap scheduler, xgrammar with

@@ -1,4 +1,4 @@
-"""The plugin's grammar job of one verify step, off-engine, with warm caches and after a cache sweep (issue 17).
+"""The plugin's grammar job of one verify step, off-engine, with warm caches and after a cache sweep.
 
 Why: on the CPU engine the grammar job runs right after the model forward, which streams hundreds of MB of weights
 and logits through the caches, so every request's grammar state (SGLang's ``Req`` and ``XGrammarGrammar``, the
@@ -23,7 +23,7 @@ children's medians).
 
 Run (CPU only, a minute or two; the lock keeps it away from engine runs)::
 
-    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_grammar_cache.py --before 32c858e
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_grammar_cache.py --before REV
 
 Writes ``benchmarks/results/grammar_cache_<sglang>.{json,md}`` (``--out`` to change). Not a test: no timing gates
 anything.

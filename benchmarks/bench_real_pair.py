@@ -1,15 +1,15 @@
-"""Accept length and verify steps per output token on the real pair, constrained vs free (issues 18 and 19).
+"""Accept length and verify steps per output token on the real pair, constrained vs free.
 
-The workload the forced-token drafting (issue 19) is judged on: SmolLM2-135M-Instruct with its locally trained EAGLE3
+The workload the forced-token drafting is judged on: SmolLM2-135M-Instruct with its locally trained EAGLE3
 draft (``scripts/build_real_model.sh``) on the real CPU engine, overlap on, plugin on, greedy, the held-apart prompts
 (``sglang_eo_dev.real_model.prompts.held_apart_requests``: prompts the draft never saw in training), sent as one batch
 twice per round: with each prompt's JSON schema ("json") and without a grammar ("free"). Per EAGLE3 tree (topk 1: 3
 steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) two engines run one after the other: grammar-forced drafts on
-(issue 19; modes "json" and "free") and off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``; mode "json, no forced"). Per
+(modes "json" and "free") and off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``; mode "json, no forced"). Per
 tree and mode it reports, summed over the requests of all rounds:
 
 * accept length = output tokens / verify steps (SGLang's ``spec_verify_ct``);
-* verify steps per output token (its inverse: what issue 19 must lower for "json" below "free");
+* verify steps per output token (its inverse: what forced drafts must lower for "json" below "free");
 * the batch's wall time per verify step of its longest request (a CPU figure: the forward runs on the scheduler
   thread; compare modes of one run, not machines);
 * how many answers parse as JSON;
@@ -162,7 +162,7 @@ def main() -> None:
     if args.draft_epochs is not None:
         stem += f"_draft{args.draft_epochs}ep"
     (args.out / f"{stem}.json").write_text(json.dumps({"command": cmd, "env": env, "results": results}, indent=1))
-    lines = [f"# Real pair: accept length and verify steps per output token, SGLang {v} (issues 18, 19)", "",
+    lines = [f"# Real pair: accept length and verify steps per output token, SGLang {v}", "",
              f"Command: `{cmd}`", "", env + ". SmolLM2-135M-Instruct + its draft, held-apart "
              "prompts as one batch, each round once with its JSON schema and once free; forced drafts on and off "
              "in two engines per tree. Sums over all measured rounds. Forced drafts and grammar ms per step: the "

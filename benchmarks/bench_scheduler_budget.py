@@ -1,4 +1,4 @@
-"""The scheduler thread's budget per decode step, measured in the real SGLang scheduler on CPU (issue 17).
+"""The scheduler thread's budget per decode step, measured in the real SGLang scheduler on CPU.
 
 In steady state an overlapped step lasts max(GPU work, scheduler-thread CPU work). This benchmark measures the
 scheduler-thread side on the real engine (CPU runtime), with the 128k-vocabulary tokenizer, the GPU table's schema
@@ -24,7 +24,7 @@ thread, joined before sampling: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1``) and `
 thread after the verify launch: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``). Each path gets its own engine; the paths
 alternate per topk (repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
 rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
-thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on (issue 19); ``inline-forced``
+thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on; ``inline-forced``
 is the inline path with them switched on; ``stock`` is SGLang without the plugin. ``--before REV`` adds the path
 ``before``: the plugin as git revision REV of this checkout had it, with that revision's defaults (``--before-forced``
 overrides its forced-drafts switch), in an engine started from a child interpreter whose
@@ -33,7 +33,10 @@ replaces in one run, same harness, same tokens checked; the criterion column the
 against it::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py \
-        --before ce5faff --paths inline,thread --batches 8,64 --max-new-tokens 16
+        --before REV --paths inline,thread --batches 8,64 --max-new-tokens 16
+
+(REV: the baseline, e.g. the all-inline code before the grammar thread for the criterion; the file is named
+``..._inline_thread_vs_baseline`` and records REV in its ``before`` field.)
 
 Run (one engine at a time: the lock keeps other engine runs off the 2 cores; the engines use jemalloc, Debian's
 ``libjemalloc2``, unless ``--allocator system``)::
@@ -46,7 +49,8 @@ step probe's ``Breakdown``: each function timed whole, per call, by batch size) 
 path, at the largest batch size, every function's calls per grammar step, median and mean ms per call, and ms per step
 (calls x mean). Its wrappers cost a few microseconds per call, so use a separate run for the criterion.
 
-Writes ``benchmarks/results/scheduler_budget_<sglang>.{json,md}``. Medians over the full-batch steps of all rounds.
+Writes ``benchmarks/results/scheduler_budget_<sglang>[_<paths>][_vs_baseline][_breakdown].{json,md}`` (the name says
+what was compared, see :func:`result_stem`). Medians over the full-batch steps of all rounds.
 CPU figures: what the scheduler thread does on this machine, not a GPU's step time (``benchmarks/step_model.py``
 turns them into a GPU prediction with one calibrated constant). Not a test: no timing gates anything.
 """
@@ -71,7 +75,7 @@ from bench_gpu_constrained import BENCH_SCHEMA  # noqa: E402  the GPU table's sc
 SPECS = ("topk1", "topk4")
 BATCHES = (1, 8, 32, 64)
 PATHS = ("inline", "thread")
-# ``thread-noforced``: the grammar thread with grammar-forced drafts off (issue 19), i.e. the verify step before them;
+# ``thread-noforced``: the grammar thread with grammar-forced drafts off, i.e. the verify step before them;
 # ``inline-forced``: the inline path with forced drafts switched on; ``stock``: SGLang without the plugin
 # (``SGLANG_EAGLE_OVERLAP=0``: 0.5.16 takes every grammar decode batch out of the overlap); ``before``: the plugin of
 # the git revision ``--before`` names, with that revision's defaults (its engine in a child process that imports that
@@ -159,8 +163,8 @@ def budget(unc: Dict[str, Any], con: Dict[str, Any], plugin: Optional[Dict[str, 
     """(a), (b) and (b') of one cell (module docstring), and (b) as a mean over every grammar verify step from the
     plugin's own stats (``sched`` + ``helper_gil``: its scheduler-thread grammar time plus the grammar thread's GIL
     bound). The median is the typical step; the mean is what the steps cost in total, and on ``BENCH_SCHEMA`` it is
-    dominated by the few steps that meet xgrammar's slow states (README, "Known upstream limit"). None where a side
-    has no steps."""
+    dominated by the few steps that meet xgrammar's slow states (docs/troubleshooting.md, "Known upstream limits").
+    None where a side has no steps."""
     a = unc.get("cpu_ms") if unc.get("n") else None
     b_mean = None if not plugin else plugin.get("sched_ms", 0.0) + plugin.get("helper_gil_ms", 0.0)
     if not con.get("n"):
@@ -173,7 +177,7 @@ def budget(unc: Dict[str, Any], con: Dict[str, Any], plugin: Optional[Dict[str, 
 def markdown(result: Dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
-        f"# Scheduler-thread budget per decode step, SGLang {m['sglang']} on CPU (issue 17)",
+        f"# Scheduler-thread budget per decode step, SGLang {m['sglang']} on CPU",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -429,6 +433,20 @@ def render(path: Path) -> int:
     return 0
 
 
+def result_stem(sglang: str, paths: Sequence[str], breakdown: bool) -> str:
+    """The results file name (no suffix) of a run: ``scheduler_budget_<sglang>``, then the paths compared when they are
+    not the default set, ``_vs_baseline`` when a ``before`` engine ran, ``_breakdown`` with ``--breakdown``. The name
+    says what was measured; which revision ``before`` was is recorded inside the file (its ``before`` field), so a
+    re-run against the same baseline replaces the earlier result instead of adding a file per revision."""
+    stem = f"scheduler_budget_{sglang}"  # not Path.with_suffix: "0.5.16" has a dot
+    if tuple(paths) != PATHS:
+        compared = [p for p in paths if p != "before"]
+        stem += "".join(f"_{p}" for p in compared) + ("_vs_baseline" if "before" in paths else "")
+    if breakdown:
+        stem += "_breakdown"
+    return stem
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--specs", default=",".join(SPECS))
@@ -438,7 +456,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--paths", default=",".join(PATHS),
-                    help=f"engines to alternate, from {', '.join(ALL_PATHS)} (results file suffixed when not the default)")
+                    help=f"engines to alternate, from {', '.join(ALL_PATHS)} (results file named after them when not the default)")
     ap.add_argument("--render", type=Path, default=None,
                     help="rebuild the rows and the markdown of a saved result (its .json, rewritten in place with the "
                          ".md next to it) instead of running engines")
@@ -447,7 +465,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "own defaults; the criterion column then compares `inline` against it")
     ap.add_argument("--before-forced", choices=("on", "off"), default=None,
                     help="grammar-forced drafts in the `before` engine (default: the revision's own default); e.g. "
-                         "`off` for the code the GPU table's inline column measured (a4e4bca with forced drafts off)")
+                         "`off` for the code the GPU table's inline column measured (that revision had forced drafts off)")
     ap.add_argument("--allocator", choices=("jemalloc", "system"), default="jemalloc",
                     help="host allocator of the engines (default jemalloc: see use_allocator)")
     ap.add_argument("--breakdown", action="store_true",
@@ -509,11 +527,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"scheduler_budget_{result['machine']['sglang']}"  # not Path.with_suffix: "0.5.16" has a dot
-    if tuple(paths) != PATHS:
-        stem += "_" + "_".join(paths)
-    if args.breakdown:
-        stem += "_breakdown"
+    stem = result_stem(result["machine"]["sglang"], paths, args.breakdown)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))

@@ -1,4 +1,4 @@
-"""This checkout's verify step against a git revision's, step by step in one process (issue 17).
+"""This checkout's verify step against a git revision's, step by step in one process.
 
 The engine's criterion (``bench_scheduler_budget.py --before REV``) compares two engines, minutes apart, on a shared
 2-core machine: a cut of a few per cent is inside its noise, and two processes of the same code differ by ~10 % here
@@ -15,7 +15,7 @@ loudly); the step's tokens are checked: every run must be kept whole (``kept == 
 
 Run (the lock keeps it away from engine runs)::
 
-    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_step_ab.py --before a63a685
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_step_ab.py --before REV
 
 Writes ``benchmarks/results/step_ab.{json,md}``: per batch size and repeat, the median scheduler-thread CPU time per
 step of each version and their ratio, and the median ratio over the repeats. Not a test.
@@ -130,7 +130,7 @@ def run(bs: int, steps: int, warmup: int, this: List[Tuple[Slot, Any]], that: Li
 
 
 def markdown(res: Dict[str, Any]) -> str:
-    lines = ["# This checkout's verify step against a revision's, in one process (issue 17)", "",
+    lines = ["# This checkout's verify step against a revision's, in one process", "",
              f"Command: `{res['command']}`", "",
              "SGLang {sglang}, xgrammar {xgrammar}, torch {torch}, Python {python}, {cpus} CPUs (shared, noisy)."
              .format(**res["machine"]) + f" Revision: `{res['before']}`; this checkout: "

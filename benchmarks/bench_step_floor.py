@@ -1,5 +1,5 @@
 """What is left of (b) and what a leaner ledger could still cut: the 0.5.23 band's scheduler-thread CPU time per step,
-split into a fixed part and a part per request, with a lower bound for the ledger's per-run Python (issue 17).
+split into a fixed part and a part per request, with a lower bound for the ledger's per-run Python.
 
 After the native call, (b) -- the scheduler thread's extra time per constrained step -- is Python. Two questions
 decide the next cut, and this benchmark answers both on this machine, outside the engine (the 0.5.23 band's own
@@ -13,8 +13,7 @@ thread on; :func:`bench_thread_handoff.band_loop`):
 2. **How far can the ledger's per-run Python go?** Step by step in the same process, alternating (A B B A), the
    shipped step and a *lean* one whose ``LedgerPlan.fill`` does only what a ledger kept in C++ would leave to Python:
    the run's tokens sliced from the native call's own reading, SGLang's ``XGrammarGrammar`` record, the ledger entry's
-   position, liveness and history, one outcome per run (0.5.23's ``done`` reads them, in one pass since the 13th
-   session) and no checks. It skips no native work, but it is **not exactly-once-safe** (no rejection or termination
+   position, liveness and history, one outcome per run (0.5.23's ``done`` reads them, in one pass) and no checks. It skips no native work, but it is **not exactly-once-safe** (no rejection or termination
    handling): a bound on the lever, not a candidate. ``lean/shipped`` is the ratio of the medians.
 
 Run (the lock keeps it away from engine runs)::
@@ -84,7 +83,7 @@ def markdown(res: Dict[str, Any]) -> str:
     m = res["machine"]
     rows = res["rows"]
     lines = [
-        "# The scheduler thread's grammar time per step: fixed, per request, and the ledger's lower bound (issue 17)",
+        "# The scheduler thread's grammar time per step: fixed, per request, and the ledger's lower bound",
         "", f"Command: `{res['command']}`", "",
         f"xgrammar {m['xgrammar']}, torch {m['torch']}, Python {m['python']}, {m['cpus']} CPUs (shared, noisy). The "
         f"0.5.23 band outside the engine: real `XGrammarGrammar`s of SGLang {m['sglang']}, vocab 128000, `nested` JSON "

@@ -1,4 +1,4 @@
-"""When can the grammar thread start? Its hand-off against a scheduler thread that holds the GIL (issue 17).
+"""When can the grammar thread start? Its hand-off against a scheduler thread that holds the GIL.
 
 ``GrammarStep.start_build`` hands the step's native call to the grammar thread and returns; the scheduler thread then
 launches the target verify. The helper needs the GIL for a few bytecodes before its GIL-free call (it wakes from a
@@ -171,7 +171,7 @@ def run_path(path: str, bs: int, launch_s: float, steps: int, warmup: int) -> Di
 def markdown(res: Dict[str, Any]) -> str:
     m = res["machine"]
     lines = [
-        "# The grammar thread's hand-off against a GIL-holding launch (issue 17)", "",
+        "# The grammar thread's hand-off against a GIL-holding launch", "",
         f"Command: `{res['command']}`", "",
         f"xgrammar {m['xgrammar']}, torch {m['torch']}, Python {m['python']}, {m['cpus']} CPUs (shared, noisy). "
         f"Real `XGrammarGrammar`s of SGLang {m['sglang']}, vocab {VOCAB}, `nested` JSON grammar, EAGLE topk 1 (4 "

@@ -1,4 +1,4 @@
-"""Per-host CPU time of the plugin's grammar work at TP 1 vs TP 2 on the real SGLang CPU engine (issue #21), and the
+"""Per-host CPU time of the plugin's grammar work at TP 1 vs TP 2 on the real SGLang CPU engine, and the
 cost of broadcasting a tree mask between ranks.
 
 Every TP rank is a scheduler process that advances its own grammar matchers and builds its own tree mask for the same

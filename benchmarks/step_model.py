@@ -1,5 +1,4 @@
-"""A mechanistic model of the overlapped, constrained EAGLE decode step on a GPU, with ONE calibrated constant
-(issue 17).
+"""A mechanistic model of the overlapped, constrained EAGLE decode step on a GPU, with ONE calibrated constant.
 
 In steady state an overlapped step lasts as long as its slower side::
 
@@ -35,7 +34,7 @@ serially on the scheduler thread, measured in the same run), and the verdict is 
 What the model is not: the stock SGLang column (grammar batches leave the overlap, so its step is GPU + a serial part
 of the CPU work plus sync bubbles, not ``max``) is outside it and not predicted, nor the first grammar thread design
 (its Python on the helper: its step was set by GIL round trips, a latency the CPU-time terms do not hold). Nor does
-it hold the mean step, which the slow xgrammar mask states set (README, "Known upstream limit").
+it hold the mean step, which the slow xgrammar mask states set (docs/troubleshooting.md, "Known upstream limits").
 
 Run (needs no GPU and no engine: it reads committed results)::
 
@@ -57,12 +56,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GPU_FILES = tuple(RESULTS / f"gpu_constrained_cuda_0.5.16_h200_{s}.json"
                   for s in ("topk1", "topk1_inline", "topk4", "topk4_inline"))
-# the new path measured on the H200 (2026-11-27, `run.sh bench-table`, the 15th session's product code 4bcba40, mask
-# upload on its side stream): its `json` variant is this checkout's default path (the 14th session's code, same day:
-# ..._h200_table.json; the 9th session's, 2026-11-26: ..._h200_paths.json)
+# the new path measured on the H200 (2026-11-27, `run.sh bench-table`, the mask upload on its side stream): its `json`
+# variant is this checkout's default path (the same path with the upload on the verify's stream: ..._h200_table.json)
 NEW_GPU_FILES = (RESULTS / "gpu_constrained_cuda_0.5.16_h200_table_upload.json",)
 BUDGET = RESULTS / "scheduler_budget_0.5.16_step_model.json"
-MEASURED_REV = "before"  # the budget file's path holding the revision the H200 measured (a4e4bca, forced drafts off)
+MEASURED_REV = "before"  # the budget file's path holding the revision the H200 measured (recorded in the file, forced drafts off)
 NEW_PATH = "thread"  # this checkout's default path
 BOUND_PATH = "inline"  # the same native call made on the scheduler thread: the new path with nothing overlapped
 

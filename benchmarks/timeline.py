@@ -23,7 +23,7 @@ merges those JSONs into ``timeline.png`` (one measured step per path, phases rel
 
 What a CPU engine can and cannot show: its "GPU" forward runs synchronously inside the launch call, so the measured
 timeline shows the CPU phases and where they sit relative to the launch and the sampling, but no real overlap. Nothing
-here predicts GPU step time (the step model of issue 17 does that). Not a test: nothing here gates CI.
+here predicts GPU step time (``benchmarks/step_model.py`` does that). Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations

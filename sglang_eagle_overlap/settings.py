@@ -3,32 +3,21 @@
 Every switch is parsed here and nowhere else; a malformed value is an error that names the variable, the value and
 what is expected (the plugin then refuses to load, loudly), never a silent default.
 
-| variable | meaning | default |
-|---|---|---|
-| ``SGLANG_EAGLE_OVERLAP`` | ``0`` / ``false`` / ``no`` / ``off`` turns the plugin off without uninstalling it | on |
-| ``SGLANG_EAGLE_OVERLAP_MASK_THREADS`` | C++ threads for the tree-mask fills | 1 on <= 2 cores, else half the cores, <= 8 |
-| ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS`` | per-step mask time limit (``0`` = none) | 50 |
-| ``SGLANG_EAGLE_OVERLAP_STATS_FILE`` | JSON stats file rewritten every verify step (tests, debugging) | none |
-| ``SGLANG_EAGLE_OVERLAP_LOG_INTERVAL_S`` | seconds between the INFO summary lines | 30 |
-| ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE`` | per-phase timeline JSON (benchmarks) | none |
-| ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD`` | ``1``: the step's native call (the previous batch's runs fed, the tree mask \
-walked) runs on a grammar thread started before the target-verify launch, joined before sampling; ``0``: inline on the \
-scheduler thread after the launch | 1 |
-| ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH`` | with the grammar thread on, a verify batch of fewer grammar requests than this runs its grammar work inline (a hand-off costs more than one request's native call) | 2 |
-| ``SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM`` | ``1``: on a GPU the tree mask's host-to-device copy runs on a stream of its own, while the target verify still runs, and sampling waits for it; ``0``: on the verify's stream, after the verify | 1 |
-| ``SGLANG_EAGLE_OVERLAP_NATIVE`` | ``1``: the batch's xgrammar calls (tree walk, ledger feed) go through the plugin's native module, built on first use with the system C++ compiler; a failed build is an error; ``0``: Python only; unset: ``auto``, native when it builds (a warning otherwise) | auto |
-| ``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS`` | ``1``: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts (issue 19); ``0``: drafts are the draft model's only; unset: ``auto``, on for STANDALONE only | auto |
+The switches, what each does and its default are :data:`SWITCH_DOCS` below, in :data:`ENV`'s order;
+``python -m sglang_eagle_overlap.settings --markdown`` prints them as the table that README.md and
+docs/configuration.md carry (``tests/test_config_table.py`` keeps those copies equal to it).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Type, Union
+from typing import Mapping, Optional, Sequence, Type, Union
 
 __all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH",
-           "DEFAULT_MASK_UPLOAD_STREAM", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "Settings", "SettingsError",
-           "default_mask_threads"]
+           "DEFAULT_LOG_INTERVAL_S", "DEFAULT_MASK_TIME_LIMIT_MS", "DEFAULT_MASK_UPLOAD_STREAM", "ENV",
+           "FORCED_DRAFTS_AUTO_ALGORITHMS", "SWITCH_DOCS", "Settings", "SettingsError", "SwitchDoc",
+           "default_mask_threads", "markdown_table"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -43,23 +32,26 @@ ENV = {
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
     "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
 }
-# Grammar-forced drafts (issue 19): ``None`` is "auto", on where the draft model does not know the output's structure
+# Grammar-forced drafts: ``None`` is "auto", on where the draft model does not know the output's structure
 # (STANDALONE: a generic small model drafts) and off for drafts trained on the target's outputs (EAGLE, EAGLE3, NEXTN).
-# Measured on the real pair (benchmarks/bench_real_pair.py, README "Grammar-forced drafts"): verify steps per output
+# Measured on the real pair (benchmarks/bench_real_pair.py, docs/benchmarks.md): verify steps per output
 # token -13.3 % with the untrained STANDALONE draft, +0.0 % with the trained EAGLE3 draft (it already proposes 41 of
 # 45 forced tokens); recording the continuations is ~20 % of the scheduler thread's grammar time per step at bs 64
-# (0.4-0.5 ms on the project's CPU host, BENCH_SCHEMA, README "Scheduler-thread budget").
+# (0.4-0.5 ms on the project's CPU host, BENCH_SCHEMA, docs/benchmarks.md).
 FORCED_DRAFTS_AUTO_ALGORITHMS = frozenset({"STANDALONE"})
 DEFAULT_FORCED_DRAFTS: Optional[bool] = None
-# The grammar thread is on unless switched off (issue 17). It takes only the step's one native call (the previous
-# batch's runs fed and the tree walked, GIL-free, started before the verify launch); the scheduler thread keeps the
-# Python (the ledger's checks before the launch, the records after the join). Measured on the project's CPU host, side
-# by side in one run (README "Scheduler-thread budget"): the scheduler thread's extra time per constrained step at
-# bs 64 fell to 0.28-0.33x of ce5faff's, against 0.46-0.52x inline. The thread design the H200 measured slower than
-# inline (README "GPU benchmark": +4.4-24.5 % against +0.2-3.7 % over unconstrained) ran the barrier's and the walk's
-# Python on the helper, which then waited for the GIL after each native call (benchmarks/bench_gil_convoy.py); this
-# one crosses into Python twice per step. On the H200 (2026-11-26, README "GPU benchmark", one run with the inline path
-# in its own engine) it was +1.7 % to +4.0 % over unconstrained at the median step at bs 8-64, as inline was (+1.5 % to
+# The grammar thread is on unless switched off: it keeps the grammar's native work off SGLang's scheduler thread. It
+# takes only the step's one native call (the previous batch's runs fed and the tree walked, GIL-free, started before the
+# verify launch); the scheduler thread keeps the Python (the ledger's checks before the launch, the records after the
+# join). Measured on the project's CPU host against the baseline (the all-inline code before the grammar thread; its
+# revision is recorded in each result file): the scheduler thread's extra time per constrained step at bs 64 is
+# 0.31-0.39x of the baseline's (benchmarks/results/scheduler_budget_<v>_thread_vs_baseline.md, 2026-11-28); in one run
+# with both paths it was 0.36-0.43x on the thread against 0.53-0.66x inline
+# (benchmarks/results/scheduler_budget_<v>_inline_thread_vs_baseline.md). The thread design the H200 measured slower
+# than inline (docs/benchmarks.md: +4.4-24.5 % against +0.2-3.7 % over unconstrained) ran the barrier's and the walk's
+# Python on the helper, which then waited for the GIL after each native call (benchmarks/bench_gil_convoy.py); this one
+# crosses into Python twice per step. On the H200 (2026-11-26, docs/benchmarks.md, one run with the inline path in its
+# own engine) it was +1.7 % to +4.0 % over unconstrained at the median step at bs 8-64, as inline was (+1.5 % to
 # +8.9 %), and worse than inline at bs 1: +9.3 % / +20.3 % (topk 1 / topk 4) against +4.1 % / +3.6 %.
 DEFAULT_GRAMMAR_THREAD = True
 # Hence the smallest verify batch (grammar requests) whose native call goes to the grammar thread: a batch of one runs
@@ -68,12 +60,90 @@ DEFAULT_GRAMMAR_THREAD = True
 # exposed when the draft is short, or the hand-off's GIL round trips). Chosen from that one run (one round per cell);
 # bs 2-8 was not separated from noise there.
 DEFAULT_GRAMMAR_THREAD_MIN_BATCH = 2
-# The tree mask's upload on a side stream (2026-11-27, 15th session). On the verify's stream the copy waits for the
+# The tree mask's upload on a side stream (2026-11-27). On the verify's stream the copy waits for the
 # target verify launched there and the sampling waits for the copy: serial GPU work after the verify, the kind the step
-# model names for the H200's residual (+0.6 % to +3.1 % over unconstrained, README "GPU benchmark"). The mask is
-# 4-8 MB at bs 64 (bs x tree nodes rows of 128k-vocab bitmasks). NOT YET MEASURED ON A GPU: the next GPU run's table
-# says what it saves (prediction: up to a few tenths of a ms at bs 64, nothing on the CPU, where there is no upload).
+# model names for the H200's residual (+0.6 % to +3.1 % over unconstrained, docs/benchmarks.md). The mask is
+# 4-8 MB at bs 64 (bs x tree nodes rows of 128k-vocab bitmasks). Measured on an H200 (2026-11-27, EAGLE3 topk 4,
+# benchmarks/results/gpu_constrained_cuda_0.5.16_h200_table_upload.md against ..._upload0_topk4.md): better than the
+# upload on the verify's stream at every batch size, by 0.2 (bs 8) to 2.1 (bs 64) points of the step over
+# unconstrained, one round per cell. Nothing changes on the CPU, where there is no upload.
 DEFAULT_MASK_UPLOAD_STREAM = True
+# The mask time limit and the summary line's interval: the values ``Settings.from_env`` takes when a switch is unset.
+DEFAULT_MASK_TIME_LIMIT_MS = 50.0
+DEFAULT_LOG_INTERVAL_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchDoc:
+    """What one switch of :data:`ENV` does and its default, as a user reads them (markdown inline text)."""
+
+    meaning: str
+    default: str
+
+
+def _on_off(value: bool) -> str:
+    return "`1`" if value else "`0`"
+
+
+# One entry per ENV key: the configuration table of README.md and docs/configuration.md is rendered from this by
+# markdown_table(); a switch added to ENV without an entry here makes markdown_table() raise, so the docs cannot miss
+# it. Defaults that are constants of this module are read from them, so the table cannot drift from the parser.
+SWITCH_DOCS: Mapping[str, SwitchDoc] = {
+    "enabled": SwitchDoc(
+        "`0` / `false` / `no` / `off` turns the plugin off without uninstalling it (its hooks and a patched SGLang's "
+        "call sites alike); SGLang then runs its own grammar path", "on"),
+    "mask_threads": SwitchDoc(
+        "threads for the tree mask's xgrammar fills (an integer >= 1)",
+        "1 on <= 2 cores, else half the cores, at most 8"),
+    "mask_time_limit_ms": SwitchDoc(
+        "per-step time limit of a request's tree-mask build, in ms (`0` = none); a build over it keeps the exact "
+        "root row and drops that request's drafts for the step (same tokens, slower). Off in a process that is one "
+        "of several `torch.distributed` ranks, so that every rank builds the same mask",
+        f"{DEFAULT_MASK_TIME_LIMIT_MS:g}"),
+    "stats_file": SwitchDoc(
+        "JSON file of the plugin's counters, rewritten after every plugin-owned verify step (`steps`, `grammar_s`, "
+        "`unhidden_s`, `mask_timeouts`, `aborts`, ...); one file per rank under tensor parallelism "
+        "(`stats.rank<r>.json`)", "none"),
+    "log_interval_s": SwitchDoc(
+        "seconds between the INFO summary lines of logger `sglang_eagle_overlap`", f"{DEFAULT_LOG_INTERVAL_S:g}"),
+    "timeline_file": SwitchDoc(
+        "per-phase timeline of every verify step, written as JSON (benchmarks; off when unset)", "none"),
+    "grammar_thread": SwitchDoc(
+        "`1`: the step's one native call (the previous batch's accepted tokens fed, the tree mask walked) runs on a "
+        "grammar thread started before the target-verify launch and joined before sampling; `0`: inline on the "
+        "scheduler thread after the launch", _on_off(DEFAULT_GRAMMAR_THREAD)),
+    "grammar_thread_min_batch": SwitchDoc(
+        "with the grammar thread on, a verify batch of fewer grammar requests than this runs its grammar work inline "
+        "(for one request the hand-off costs more than it hides)", str(DEFAULT_GRAMMAR_THREAD_MIN_BATCH)),
+    "mask_upload_stream": SwitchDoc(
+        "`1`: on a GPU the tree mask's host-to-device copy runs on a stream of its own while the target verify runs, "
+        "and sampling waits for it; `0`: on the verify's stream, after the verify",
+        _on_off(DEFAULT_MASK_UPLOAD_STREAM)),
+    "forced_drafts": SwitchDoc(
+        "`1`: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts "
+        "(verified like any draft: same output); `0`: drafts are the draft model's only; unset: auto, on for "
+        f"{', '.join(sorted(FORCED_DRAFTS_AUTO_ALGORITHMS))} only", "auto"),
+    "native": SwitchDoc(
+        "`1`: the batch's xgrammar calls go through the plugin's native module, built on first use with the host's "
+        "C++ compiler, and a failed build is an error; `0`: Python only; unset: auto, native when it builds (a "
+        "warning otherwise)", "auto"),
+}
+
+
+def markdown_table() -> str:
+    """The configuration table (markdown, no trailing newline): one row per :data:`ENV` entry, in ``ENV``'s order.
+
+    Raises ``KeyError`` naming an ``ENV`` key that has no :data:`SWITCH_DOCS` entry."""
+    rows = ["| variable | what it does | default |", "|---|---|---|"]
+    for key, variable in ENV.items():
+        try:
+            doc = SWITCH_DOCS[key]
+        except KeyError:
+            raise KeyError(f"settings.ENV[{key!r}] ({variable}) has no SWITCH_DOCS entry") from None
+        rows.append(f"| `{variable}` | {doc.meaning} | {doc.default} |")
+    return "\n".join(rows)
+
+
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
 
@@ -93,9 +163,9 @@ class SettingsError(ValueError):
 class Settings:
     enabled: bool = True
     mask_threads: int = 1
-    mask_time_limit_s: Optional[float] = 0.05
+    mask_time_limit_s: Optional[float] = DEFAULT_MASK_TIME_LIMIT_MS / 1e3
     stats_file: Optional[str] = None
-    log_interval_s: float = 30.0
+    log_interval_s: float = DEFAULT_LOG_INTERVAL_S
     timeline_file: Optional[str] = None
     grammar_thread: bool = DEFAULT_GRAMMAR_THREAD
     grammar_thread_min_batch: int = DEFAULT_GRAMMAR_THREAD_MIN_BATCH
@@ -132,7 +202,8 @@ class Settings:
         threads_raw = get("mask_threads")
         threads = default_mask_threads() if not threads_raw else _number(ENV["mask_threads"], threads_raw, int, 1)
         limit_raw = get("mask_time_limit_ms")
-        limit_ms = 50.0 if not limit_raw else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0)
+        limit_ms = (DEFAULT_MASK_TIME_LIMIT_MS if not limit_raw
+                    else _number(ENV["mask_time_limit_ms"], limit_raw, float, 0.0))
         grammar_thread = flag("grammar_thread", DEFAULT_GRAMMAR_THREAD)
         min_batch_raw = get("grammar_thread_min_batch")
         min_batch = (DEFAULT_GRAMMAR_THREAD_MIN_BATCH if not min_batch_raw
@@ -141,7 +212,8 @@ class Settings:
         forced_drafts = optional_flag("forced_drafts")
         native = optional_flag("native")
         interval_raw = get("log_interval_s")
-        interval = 30.0 if not interval_raw else _number(ENV["log_interval_s"], interval_raw, float, 0.0)
+        interval = (DEFAULT_LOG_INTERVAL_S if not interval_raw
+                    else _number(ENV["log_interval_s"], interval_raw, float, 0.0))
         return cls(
             enabled=enabled,
             mask_threads=int(threads),
@@ -165,3 +237,21 @@ def _number(name: str, raw: str, kind: Union[Type[int], Type[float]], minimum: f
     if value < minimum:
         raise SettingsError(f"{name}={raw!r}: expected a {kind.__name__} >= {kind(minimum)}")
     return value
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m sglang_eagle_overlap.settings --markdown``: print :func:`markdown_table`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sglang_eagle_overlap.settings", description=__doc__.split("\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="print the configuration table (markdown)")
+    args = parser.parse_args(argv)
+    if not args.markdown:
+        parser.print_help()
+        return 2
+    print(markdown_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

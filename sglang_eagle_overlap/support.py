@@ -1,8 +1,8 @@
 """What the plugin does for each speculative algorithm on each supported SGLang band, as data (pure: imports nothing).
 
-The README's "Speculative algorithms" table is this table. Adapters read it (0.5.16: the EAGLE family whose grammar
-batches the plugin keeps in the overlap is :func:`kept_algorithms`), and log :func:`stand_aside_message` once per
-process for an algorithm the plugin leaves to SGLang.
+The "Speculative algorithms" table of docs/compatibility.md is this table. Adapters read it (0.5.16: the EAGLE family
+whose grammar batches the plugin keeps in the overlap is :func:`kept_algorithms`), and log
+:func:`stand_aside_message` once per process for an algorithm the plugin leaves to SGLang.
 
 Decisions:
 

@@ -130,7 +130,7 @@ def test_settings_are_read_once_into_one_object():
     assert (s.enabled, s.mask_threads, s.mask_time_limit_s, s.stats_file) == (False, 3, None, "/x/stats.json")
     d = Settings.from_env({})
     assert d.enabled and d.mask_time_limit_s == pytest.approx(0.05) and d.log_interval_s == 30.0
-    assert d.grammar_thread is True and d.timeline_file is None  # on by default: issue 17's CPU measurement
+    assert d.grammar_thread is True and d.timeline_file is None  # on by default: it keeps the native grammar work off the scheduler thread
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "1"}).grammar_thread is True
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "0"}).grammar_thread is False
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"):
@@ -142,24 +142,25 @@ def test_settings_are_read_once_into_one_object():
     for bad in ("0", "two", "1.5"):
         with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH"):
             Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH": bad})
-    # the default is the one the settings table documents
+    # the default is the one the configuration table (settings.markdown_table) documents
     import sglang_eagle_overlap.settings as settings_mod
 
-    row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS" in line)
+    table = settings_mod.markdown_table().splitlines()
+    row = next(line for line in table if "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS" in line)
     assert d.forced_drafts is DEFAULT_FORCED_DRAFTS is None and row.rstrip().endswith("| auto |")
     for raw, want in (("1", True), ("on", True), ("0", False), ("off", False), ("", None), (" ", None)):
         assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": raw}).forced_drafts is want
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS": "sometimes"})
-    row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_NATIVE" in line)
+    row = next(line for line in table if "SGLANG_EAGLE_OVERLAP_NATIVE" in line)
     assert d.native is None and row.rstrip().endswith("| auto |")
     for raw, want in (("1", True), ("0", False), ("", None)):
         assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_NATIVE": raw}).native is want
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_NATIVE"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_NATIVE": "fast"})
     # the mask's upload on a side stream: on by default, as documented; 0 puts it back on the verify's stream
-    row = next(line for line in settings_mod.__doc__.splitlines() if "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM" in line)
-    assert d.mask_upload_stream is True and row.rstrip().endswith("| 1 |")
+    row = next(line for line in table if "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM" in line)
+    assert d.mask_upload_stream is True and row.rstrip().endswith("| `1` |")
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM": "0"}).mask_upload_stream is False
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM"):
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM": "side"})

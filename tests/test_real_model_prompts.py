@@ -1,4 +1,4 @@
-"""The real model's prompt set (issue #18): held-apart prompts really are held apart, schemas compile."""
+"""The real model's prompt set: held-apart prompts really are held apart, schemas compile."""
 
 from __future__ import annotations
 

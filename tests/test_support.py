@@ -1,5 +1,5 @@
 """The support table (``sglang_eagle_overlap/support.py``): consistent with the 0.5.16 adapter, backed by existing
-engine tests, and the same as the README's "Speculative algorithms" table."""
+engine tests, and the same as the "Speculative algorithms" table of docs/compatibility.md."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def test_stand_aside_message_names_algorithm_and_reason():
     assert "NGRAM" in msg and "stands aside" in msg and support.cell("0.5.16", "NGRAM").reason in msg
 
 
-def _readme_rows() -> dict:
-    text = (ROOT / "README.md").read_text()
+def _doc_rows() -> dict:
+    text = (ROOT / "docs" / "compatibility.md").read_text()
     section = text.split("## Speculative algorithms", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
@@ -53,11 +53,11 @@ def _readme_rows() -> dict:
     return rows
 
 
-def test_readme_table_matches_support_table():
-    rows = _readme_rows()
+def test_compatibility_page_table_matches_support_table():
+    rows = _doc_rows()
     for c in support.SUPPORT + support.UNTESTED:
         key = (c.band, c.algorithm)
-        assert key in rows, f"README 'Speculative algorithms' lacks {key}"
+        assert key in rows, f"docs/compatibility.md 'Speculative algorithms' lacks {key}"
         decision, tested = rows[key][2], rows[key][-1]
         assert decision.startswith(f"**{c.decision}**"), (key, decision)
         if c.tested_by:
