@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing of sglang_eagle_overlap/core/ (ledger, mask, tree copy, step) against the fast unit tests of
-# tests/core (issue 20). Not part of CI; the README's test section gives its last result.
+# Mutation testing of sglang_eagle_overlap/core/ (ledger, mask, tree copy, step, forced drafts) against the fast unit
+# tests of tests/core: it finds code no test would notice breaking. Not part of CI; tests/core/MUTANTS.md gives its
+# last result. One file: scripts/mutation.sh run "sglang_eagle_overlap.core.forced*" (mutmut's name glob).
 #
 #   scripts/mutation.sh                 # mutmut run, then the summary and the list of surviving mutants
 #   scripts/mutation.sh show NAME       # any other mutmut command (show, results, browse, run NAME...)

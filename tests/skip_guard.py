@@ -5,13 +5,14 @@ Why: the engine suite skips itself when the interpreter lacks SGLang, the CPU ``
 package (``tests/e2e/conftest.py``), so a broken CPU venv used to give a green run. ``scripts/test.sh`` (hence
 ``.ci/run``) sets the variable: on the venvs it builds every test runs except the named skips below.
 
-Call order: ``pytest_runtest_logreport`` / ``pytest_collectreport`` record every skip as it is reported; at the
-end ``pytest_sessionfinish`` (tryfirst) turns an otherwise green exit status into ``TESTS_FAILED`` when a skip was
-not allowed, and ``pytest_terminal_summary`` prints each one grouped by reason, with what is missing from the
-interpreter and the command that repairs it. Without the variable the plugin only records.
+Call order: ``pytest_runtest_logreport`` / ``pytest_collectreport`` record every skip (an xfail is none) as it is
+reported; at the end ``pytest_sessionfinish`` (tryfirst) turns an otherwise green exit status into ``TESTS_FAILED``
+when a skip was not allowed, and ``pytest_terminal_summary`` prints each one grouped by reason, with what is missing
+from the interpreter and the command that repairs it. Without the variable the plugin only records.
 
 Registered by ``tests/conftest.py`` (``pytest_plugins``); ``tests/test_skip_guard.py`` runs pytest on tiny test files
-with and without it.
+with and without it. The other-band entry depends on the SGLang installed: on the 0.5.23 venv only a 0.5.16 test
+skipped for "needs SGLang 0.5.16 installed (found 0.5.23)" passes, and the reverse on the 0.5.16 venv.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-__all__ = ["ENV", "ALLOWED_SKIPS", "AllowedSkip", "allowed_skip", "diagnose"]
+__all__ = ["ENV", "ALLOWED_SKIPS", "AllowedSkip", "allowed_skip", "allowed_skips", "diagnose", "installed_sglang"]
 
 ENV = "SGLANG_EO_REQUIRE_ENGINE"
 
@@ -40,18 +42,44 @@ class AllowedSkip:
     why: str
 
 
-ALLOWED_SKIPS: Tuple[AllowedSkip, ...] = (
-    AllowedSkip("cuda", r"needs a CUDA device: torch\.cuda\.is_available\(\) is False", "cuda",
-                "CUDA-only tests (tests/gpu, @pytest.mark.cuda) on a machine without a GPU"),
-    AllowedSkip("other-band", r"needs SGLang (0\.5\.16|0\.5\.23) installed \(found [^)]+\)",
-                None, "tests of the other supported SGLang band (@pytest.mark.sglang_0_5_16 / sglang_0_5_23); the "
-                "other venv runs them"),
-    AllowedSkip("noisy-follower-only", r"only the noisy follower is expected to accept drafts$", "engine",
-                "tests/e2e/test_spec_equivalence.py::test_noisy_follower_accepts_drafts on the random-weight pair "
-                "(whose drafts are never accepted by design)"),
-)
-
+# The supported SGLang bands and the marker of each band's tests (tests/conftest.py skips the other band's).
 _VERSION_MARKERS = {"0.5.16": "sglang_0_5_16", "0.5.23": "sglang_0_5_23"}
+
+
+def installed_sglang() -> Optional[str]:
+    """The version of the SGLang distribution this interpreter has, or None (what tests/conftest.py reports as
+    ``found`` in a band skip)."""
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _other_band_reason(installed: Optional[str]) -> str:
+    """The band skip allowed on a venv of SGLang ``installed``: a test of another supported band, on this band only.
+    Without a supported band installed nothing matches: such a venv runs neither band's tests, and that must show."""
+    if installed not in _VERSION_MARKERS:
+        return r"(?!)"  # matches no reason
+    wanted = "|".join(re.escape(v) for v in _VERSION_MARKERS if v != installed)
+    return rf"needs SGLang ({wanted}) installed \(found {re.escape(installed)}\)"
+
+
+def allowed_skips(installed: Optional[str]) -> Tuple[AllowedSkip, ...]:
+    """The skips allowed on a venv of SGLang ``installed`` (None: no SGLang)."""
+    return (
+        AllowedSkip("cuda", r"needs a CUDA device: torch\.cuda\.is_available\(\) is False", "cuda",
+                    "CUDA-only tests (tests/gpu, @pytest.mark.cuda) on a machine without a GPU"),
+        AllowedSkip("other-band", _other_band_reason(installed), None,
+                    "tests of the other supported SGLang band (@pytest.mark.sglang_0_5_16 / sglang_0_5_23); the "
+                    "other venv runs them"),
+        AllowedSkip("noisy-follower-only", r"only the noisy follower is expected to accept drafts$", "engine",
+                    "tests/e2e/test_spec_equivalence.py::test_noisy_follower_accepts_drafts on the random-weight pair "
+                    "(whose drafts are never accepted by design)"),
+    )
+
+
+# This interpreter's list: the other-band entry names the band not installed here.
+ALLOWED_SKIPS: Tuple[AllowedSkip, ...] = allowed_skips(installed_sglang())
 
 # What the suite needs importable, and what a missing one means.
 _REQUIRED = (
@@ -64,9 +92,11 @@ _REQUIRED = (
 )
 
 
-def allowed_skip(reason: str, keywords: Sequence[str]) -> Optional[AllowedSkip]:
-    """The entry of :data:`ALLOWED_SKIPS` that allows a skip with this reason on a test with these keywords."""
-    for entry in ALLOWED_SKIPS:
+def allowed_skip(reason: str, keywords: Sequence[str],
+                 entries: Optional[Sequence[AllowedSkip]] = None) -> Optional[AllowedSkip]:
+    """The entry of ``entries`` (default :data:`ALLOWED_SKIPS`, this interpreter's) that allows a skip with this reason
+    on a test with these keywords."""
+    for entry in ALLOWED_SKIPS if entries is None else entries:
         match = re.match(entry.reason, reason)
         if match is None or (entry.marker is not None and entry.marker not in keywords):
             continue
@@ -115,6 +145,8 @@ def _record(nodeid: str, longrepr: object, keywords: Sequence[str]) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # pytest reports an expected failure (xfail mark, ``pytest.xfail``) as skipped with ``wasxfail`` set: the test ran
+    # (or was declared not to) and failed as expected, which is a result, not a skip
     if report.skipped and not hasattr(report, "wasxfail"):
         _record(report.nodeid, report.longrepr, list(report.keywords))
 

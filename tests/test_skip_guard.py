@@ -16,9 +16,13 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from tests.skip_guard import ALLOWED_SKIPS, ENV, allowed_skip
+from tests.skip_guard import ALLOWED_SKIPS, ENV, allowed_skip, allowed_skips, installed_sglang
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tiny files' band skips are written as tests/conftest.py writes them on this interpreter: a test of the band not
+# installed here (OTHER) is skipped, found RUNNING; the guard allows that and nothing else.
+RUNNING = installed_sglang()
+OTHER = "0.5.16" if RUNNING == "0.5.23" else "0.5.23"
 
 _FILES = {
     "test_cuda_allowed.py": """
@@ -29,13 +33,36 @@ _FILES = {
         def test_gpu():
             pass
 
-        @pytest.mark.sglang_0_5_16
-        @pytest.mark.skip(reason="needs SGLang 0.5.16 installed (found 0.5.23); run with that version's venv python")
+        @pytest.mark.sglang_OTHER_MARK
+        @pytest.mark.skip(reason="needs SGLang OTHER installed (found RUNNING); run with that version's venv python")
         def test_other_band():
             pass
 
         def test_runs():
             assert 1 + 1 == 2
+        """,
+    "test_xfails.py": """
+        import pytest
+
+        @pytest.mark.xfail(reason="a known upstream bug")
+        def test_marked_xfail_that_fails():
+            assert False
+
+        @pytest.mark.xfail(reason="would hang", run=False)
+        def test_xfail_not_run():
+            assert False
+
+        def test_imperative_xfail():
+            pytest.xfail("fails here by design")
+        """,
+    "test_own_band_skipped.py": """
+        import pytest
+
+        # a test of the band installed here that skips itself with a band reason: it must run on this venv
+        @pytest.mark.sglang_RUNNING_MARK
+        @pytest.mark.skip(reason="needs SGLang RUNNING installed (found RUNNING); run with that version's venv python")
+        def test_own_band():
+            pass
         """,
     "test_stray_skip.py": """
         import pytest
@@ -46,7 +73,7 @@ _FILES = {
     "test_band_reason_without_marker.py": """
         import pytest
 
-        @pytest.mark.skip(reason="needs SGLang 0.5.16 installed (found 0.5.23); run with that version's venv python")
+        @pytest.mark.skip(reason="needs SGLang OTHER installed (found RUNNING); run with that version's venv python")
         def test_unmarked():
             pass
         """,
@@ -90,15 +117,21 @@ def _pytest(args, cwd: Path, require: Optional[str], prelude: str = "") -> Tuple
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def _mark(version: str) -> str:
+    return version.replace(".", "_")
+
+
 def _tiny(tmp_path: Path, *names: str) -> Path:
     (tmp_path / "pytest.ini").write_text(_INI)
     for name in names:
-        (tmp_path / name).write_text(textwrap.dedent(_FILES[name]))
+        text = textwrap.dedent(_FILES[name])
+        text = text.replace("OTHER_MARK", _mark(OTHER)).replace("RUNNING_MARK", _mark(str(RUNNING)))
+        (tmp_path / name).write_text(text.replace("OTHER", OTHER).replace("RUNNING", str(RUNNING)))
     return tmp_path
 
 
 _BAD = ("test_stray_skip.py", "test_band_reason_without_marker.py", "test_cuda_reason_without_marker.py",
-        "test_module_skip.py")
+        "test_module_skip.py", "test_own_band_skipped.py")
 
 
 def test_allowed_skips_pass_with_the_guard_on(tmp_path):
@@ -136,9 +169,51 @@ def test_allowed_list_matches_reason_and_marker():
     cuda = "needs a CUDA device: torch.cuda.is_available() is False on this machine"
     assert allowed_skip(cuda, ["cuda"]).name == "cuda"
     assert allowed_skip(cuda, []) is None
+    on_16 = allowed_skips("0.5.16")
     band = "needs SGLang 0.5.23 installed (found 0.5.16); run with that version's venv python"
-    assert allowed_skip(band, ["sglang_0_5_23"]).name == "other-band"
-    assert allowed_skip(band, ["sglang_0_5_16"]) is None  # a band skip on a test of the other band's marker
+    assert allowed_skip(band, ["sglang_0_5_23"], on_16).name == "other-band"
+    assert allowed_skip(band, ["sglang_0_5_16"], on_16) is None  # a band skip on a test of the other band's marker
     missing = ("engine tests need SGLang and the CPU test runtime (missing: sgl_kernel); run with the python of a "
                "venv built by scripts/setup_cpu_env.sh <version>")
     assert allowed_skip(missing, ["engine"]) is None
+
+
+@pytest.mark.parametrize("running, other", [("0.5.23", "0.5.16"), ("0.5.16", "0.5.23")])
+def test_a_band_skip_is_allowed_only_for_the_band_not_installed(running, other):
+    """On the venv of ``running`` the only band skip allowed is a test of ``other`` reported as found ``running``
+    (what tests/conftest.py writes there). A test of the running band skipped with a band reason, or a reason naming
+    another installed version, is a test that should have run here."""
+    entries = allowed_skips(running)
+    mark = {"0.5.16": "sglang_0_5_16", "0.5.23": "sglang_0_5_23"}
+
+    def reason(wanted: str, found: str) -> str:
+        return f"needs SGLang {wanted} installed (found {found}); run with that version's venv python"
+
+    assert allowed_skip(reason(other, running), [mark[other]], entries).name == "other-band"
+    assert allowed_skip(reason(running, running), [mark[running]], entries) is None  # its own band's test
+    assert allowed_skip(reason(running, other), [mark[running]], entries) is None  # what the other venv would say
+    assert allowed_skip(reason(other, "0.5.20"), [mark[other]], entries) is None  # found is not what runs here
+    # no supported band installed (no SGLang, or an unsupported version): no band skip is expected anywhere
+    for installed in (None, "0.5.20"):
+        for wanted in mark:
+            assert allowed_skip(reason(wanted, str(installed)), [mark[wanted]], allowed_skips(installed)) is None
+
+
+def test_xfails_are_not_skips(tmp_path):
+    """An expected failure (xfail mark, not run or failing, ``pytest.xfail``) is reported by pytest as skipped with
+    ``wasxfail``: the guard must not count it, or marking a known failure xfail would fail a run the skip guard
+should pass."""
+    root = _tiny(tmp_path, "test_xfails.py", "test_cuda_allowed.py")
+    rc, out = _pytest(["-p", "tests.skip_guard", "-rsx"], root, "1")
+    assert rc == 0, out
+    assert "1 passed, 2 skipped, 3 xfailed" in out and "skipped tests that must run here" not in out, out
+
+
+def test_the_running_bands_own_test_skipped_with_a_band_reason_fails_the_run(tmp_path):
+    """The end-to-end form of the band rule: next to the allowed other-band skip, a test of this venv's band that
+    skips with a band reason fails the run and is named."""
+    root = _tiny(tmp_path, "test_cuda_allowed.py", "test_own_band_skipped.py")
+    rc, out = _pytest(["-p", "tests.skip_guard"], root, "1")
+    assert rc == 1, out
+    summary = out[out.index(f"{ENV}=1: skipped"):]
+    assert "test_own_band_skipped.py::test_own_band" in summary and "test_cuda_allowed.py" not in summary, summary

@@ -1,4 +1,4 @@
-"""Grammar-forced continuations as drafts (issue 19), engine-agnostic.
+"""Grammar-forced continuations as drafts, engine-agnostic.
 
 A JSON schema decides much of the output (keys, quotes, colons, brackets). While step N's tree mask is built, every
 valid node's matcher state is at hand, so the grammar's forced continuation after each node is cheap to ask for:
@@ -28,17 +28,21 @@ Invariants: ``record`` only writes rows of the current build's table; ``after_ve
 of the same step; ``apply`` consumes what the previous ``after_verify`` kept, at most once. Counters (``proposed``:
 drafts replaced; ``changed``: of those, where the draft model had proposed another token; ``accepted``; ``changed_accepted``:
 accepted where the draft model had proposed another token, the only drafts the replacement itself won: an accepted
-unchanged token was the draft model's own proposal) accumulate on the device and are mirrored to the host without a
-sync (they may lag one step on a GPU).
+unchanged token was the draft model's own proposal) accumulate on the device and are copied to the host without a
+sync; a reader sees the newest copy whose event has completed (they may lag a few steps on a GPU), never one still in
+flight. Host-to-device copies (the table, the row map, the cached positions) go through pinned memory, non-blocking:
+the scheduler thread never waits for the device's queue on this path.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from sglang_eagle_overlap.core import tree_copy
 from sglang_eagle_overlap.core.protocols import JumpForward
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ Decoder = Callable[[Sequence[int]], str]
 _CACHE_MAX = 8192
 ALTERNATIVES = 4  # other tokenizations kept per forced position (the table's last axis holds 1 + this many ids)
 _ALT_CHARS = 16  # longest prefix of the forced text looked up as one token
+_COUNT_COPIES = 4  # counter copies to the host in flight at most; past that the oldest (long done) is waited for
 
 
 # What may follow a forced string: a letter, a digit, a space, a quote, a bracket. A token of ``encode(s)`` that
@@ -135,7 +140,11 @@ class ForcedDrafts:
         self._written: Optional[torch.Tensor] = None
         # device int64 [4]: proposed, changed, accepted, changed_accepted
         self._counts: Optional[torch.Tensor] = None
-        self._mirror = torch.zeros(4, dtype=torch.int64)  # host copy of _counts (non-blocking on a GPU)
+        self._mirror = torch.zeros(4, dtype=torch.int64)  # the newest host copy of _counts known to be complete
+        # host copies of _counts still possibly in flight, oldest first, each with the event recorded after it
+        self._copies: Deque[Tuple[torch.Tensor, Any]] = deque()  # events with query() and synchronize()
+        # the stream API of a device (tree_copy.device_streams; tests pass a stand-in): None for the CPU
+        self.streams: Callable[[torch.device], Any] = tree_copy.device_streams
         self.recorded_nodes = 0  # host: nodes with a non-empty continuation since start
         self._pos_cache: Dict[Tuple[int, int, int, str], torch.Tensor] = {}
 
@@ -143,30 +152,47 @@ class ForcedDrafts:
     @property
     def proposed(self) -> int:
         """Draft tokens replaced by forced tokens since start."""
-        return int(self._mirror[0])
+        return int(self._host_counts()[0])
 
     @property
     def changed(self) -> int:
         """Of those, tokens that differ from what the draft model had proposed there."""
-        return int(self._mirror[1])
+        return int(self._host_counts()[1])
 
     @property
     def accepted(self) -> int:
         """Of the replaced tokens, those the target verify accepted."""
-        return int(self._mirror[2])
+        return int(self._host_counts()[2])
 
     @property
     def changed_accepted(self) -> int:
         """Of the replaced tokens that differ from the draft model's proposal, those the target verify accepted."""
-        return int(self._mirror[3])
+        return int(self._host_counts()[3])
+
+    def _host_counts(self) -> torch.Tensor:
+        """The counters of the newest host copy whose event has completed (``query``: no wait); copies still in
+        flight are not read."""
+        copies = self._copies
+        while copies and copies[0][1].query():
+            self._mirror = copies.popleft()[0]
+        return self._mirror
 
     def _add(self, counts: torch.Tensor) -> None:
         if self._counts is None or self._counts.device != counts.device:
             self._counts = torch.zeros(4, dtype=torch.int64, device=counts.device)
-            if counts.device.type != "cpu":
-                self._mirror = torch.zeros(4, dtype=torch.int64, pin_memory=True)
         self._counts += counts
-        self._mirror.copy_(self._counts, non_blocking=True)
+        api = self.streams(self._counts.device)
+        if api is None:  # the CPU: the sum is on the host already
+            self._mirror = self._counts.clone()
+            return
+        host = tree_copy.pinned_host((4,), torch.int64)
+        host.copy_(self._counts, non_blocking=True)
+        event = api.Event()
+        event.record()
+        self._copies.append((host, event))
+        if len(self._copies) > _COUNT_COPIES:  # bounded: the oldest copy is steps old, its wait is normally free
+            self._copies[0][1].synchronize()
+            self._host_counts()
 
     # -- host side: the table, during the mask build -----------------------------------------------------------
     def continuation(self, matcher: JumpForward) -> Tuple[int, ...]:
@@ -221,9 +247,8 @@ class ForcedDrafts:
             self._table = None
             return
         host = torch.from_numpy(self._host[: self._rows])
-        on_cpu = device is None or torch.device(device).type == "cpu"
         # a copy either way: the host buffer is refilled by the next build while this table waits for after_verify
-        self._table = host.clone() if on_cpu else host.to(device, non_blocking=True)
+        self._table = tree_copy.host_to_device(host, torch.device("cpu") if device is None else torch.device(device))
 
     # -- device side -----------------------------------------------------------------------------------------------
     def _positions(self, bs: int, n: int, levels: int, dev: torch.device) -> torch.Tensor:
@@ -234,7 +259,7 @@ class ForcedDrafts:
         if t is None:
             start = torch.arange(bs, dtype=torch.long).unsqueeze(1) * n
             t = (start + torch.arange(1, levels + 1, dtype=torch.long)).view(-1) if levels else start
-            t = t.to(dev)
+            t = tree_copy.host_to_device(t, dev)
             if len(self._pos_cache) > 256:
                 self._pos_cache.clear()
             self._pos_cache[key] = t
@@ -296,7 +321,7 @@ class ForcedDrafts:
             row_map: List[int] = [where.get(rid, -1) for rid in rids]
             if all(i < 0 for i in row_map):
                 return
-            idx = torch.tensor(row_map, dtype=torch.long).to(dev, non_blocking=True)
+            idx = tree_copy.host_to_device(torch.tensor(row_map, dtype=torch.long), dev)
             forced = torch.where((idx >= 0).view(-1, 1, 1), rows.index_select(0, idx.clamp(min=0)), -1)
         flat = draft_token.view(-1)
         toks = forced[:, 1 : levels + 1, 0].to(flat.dtype)

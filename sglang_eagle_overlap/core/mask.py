@@ -57,6 +57,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Generic, Iterable, List, Liter
 
 import torch
 
+from sglang_eagle_overlap.core import tree_copy
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.ledger import LedgerPlan
 from sglang_eagle_overlap.core.native import WALK_FAILED, WALK_TIMED_OUT, NativeGrammar, StepResult
@@ -235,7 +236,7 @@ class TreeMaskBuilder:
         self._buf: Optional[torch.Tensor] = None
         self._buf_shape = (0, 0)  # ``_buf``'s shape as ints (read every build without a torch call)
         self._head: Optional[Tuple[int, torch.Tensor]] = None  # the last build's ``_buf[:rows]``, reused
-        # Sparse, deferred reset of the reused buffer (issue 17: a full reset of bs x n rows was ~1/4 of the scheduler
+        # Sparse, deferred reset of the reused buffer (measured: a full reset of bs x n rows was ~1/4 of the scheduler
         # thread's grammar time at bs 64). Between builds, rows [0, _clean_rows) hold all-allowed words except the rows
         # in ``_dirty``, which the last build wrote; rows from ``_clean_rows`` on are unknown. A build resets, when it
         # ends, only the rows of ``_dirty`` it did not write itself: a fill overwrites a whole row, and the walk reads
@@ -850,5 +851,7 @@ def neutralize_timed_out_drafts(draft_tokens: torch.Tensor, timed_out: Sequence[
     if not timed_out:
         return
     view = draft_tokens.view(-1, num_draft_tokens)
-    idx = torch.tensor(list(timed_out), dtype=torch.long, device=view.device)
+    # staged in pinned memory and copied non-blocking: this runs on the scheduler thread right after the verify
+    # launch, where a synchronous copy would wait for the whole target forward
+    idx = tree_copy.host_to_device(torch.tensor(list(timed_out), dtype=torch.long), view.device)
     view[idx, 1:] = -1

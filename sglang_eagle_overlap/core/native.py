@@ -1,4 +1,4 @@
-"""The batch's xgrammar calls in one native call per step: the ledger's feed and the tree walk (issue 17).
+"""The batch's xgrammar calls in one native call per step: the ledger's feed and the tree walk.
 
 Why: a constrained EAGLE step makes a few xgrammar calls per request and per tree node (``accept_token``,
 ``rollback``, ``is_terminated``, ``fill_next_token_bitmask``). Made from Python, each is a Python frame, an argument
@@ -20,7 +20,8 @@ at load time (:func:`load_native` fails if they are missing) and is compiled on 
 tvm-ffi with the system C++ compiler, into a cache outside the package keyed by the source, the tvm-ffi version and
 the compiler (:func:`build_native`; a few seconds, once per environment). Loaded with ``tvm_ffi.load_module``; tvm-ffi
 releases the GIL for the call, so a native step also leaves the GIL to the scheduler thread. The error messages of a
-call are fetched only when it reports some (``step_errors``).
+call are fetched only when it reports some (``step_errors``), on the thread that made the call, right after it: the
+module keeps them per calling thread until that thread's next call.
 
 Only matchers whose type is exactly ``xgrammar.GrammarMatcher`` go native (:meth:`NativeGrammar.handles`): a
 subclass may override a method in Python, which C++ would bypass.
@@ -137,7 +138,10 @@ def load_native(cache_dir: Optional[Path] = None) -> "NativeGrammar":
 
 @dataclass(frozen=True)
 class NativeGrammar:
-    """The loaded module (:func:`load_native`). Thread-safe: it holds no state between calls."""
+    """The loaded module (:func:`load_native`). Calls from several threads do not share state, as long as they do
+    not share matchers or buffers: the module keeps a call's error messages per calling thread (``LastErrors`` in
+    ``grammar_batch.cc`` is thread-local), and :meth:`step_call`'s callable fetches them on that thread right after
+    the call, so a call on another thread cannot replace them before :meth:`step_result` reads them."""
 
     module: Any
     path: str
@@ -194,8 +198,9 @@ class NativeGrammar:
                   budget_s: Optional[float], threads: int = 1, reset: Sequence[int] = (),
                   buffer: Optional[torch.Tensor] = None) -> Callable[[], Any]:
         """:meth:`step_batch`'s native call with its arguments bound, not yet made: calling it makes the call (GIL-free
-        for its whole length, so another thread can make it while this one runs Python) and returns its raw result,
-        which :meth:`step_result` reads. The tensors are read when it is called, not before."""
+        for its whole length, so another thread can make it while this one runs Python) and returns its raw result
+        with the call's error messages (fetched on the calling thread, where the module keeps them), which
+        :meth:`step_result` reads on any thread. The tensors are read when it is called, not before."""
         if nxt is None or sib is None or tok is None or mask is None:
             if walk_handles:
                 raise ValueError("a walk needs the tree tensors and the mask")
@@ -207,21 +212,29 @@ class NativeGrammar:
         ids = [src[0] for src in sources]
         lens = [src[1] if src[1] is not None else _empty() for src in sources]
         strides = [src[2] for src in sources]
-        return functools.partial(self.module.step_batch, feed_handles, feed_packed, ids, lens, strides, walk_handles,
-                                 rows, nxt, sib, tok, mask, vocab_size,
-                                 -1.0 if budget_s is None else max(budget_s, 0.0), threads, reset, buffer)
+        bound = functools.partial(self.module.step_batch, feed_handles, feed_packed, ids, lens, strides, walk_handles,
+                                  rows, nxt, sib, tok, mask, vocab_size,
+                                  -1.0 if budget_s is None else max(budget_s, 0.0), threads, reset, buffer)
+        fetch_errors = self.module.step_errors
 
-    def step_result(self, values: Any, feeds: int, walks: int) -> StepResult:
-        """:class:`StepResult` of a raw result of :meth:`step_call` with ``feeds`` runs and ``walks`` walk requests
-        (the error messages, if any, are fetched from the module: read it before the next call)."""
+        def call() -> Tuple[Any, Sequence[str]]:
+            values = bound()
+            return values, (list(fetch_errors()) if values[2] else ())
+
+        return call
+
+    def step_result(self, raw: Tuple[Any, Sequence[str]], feeds: int, walks: int) -> StepResult:
+        """:class:`StepResult` of what a :meth:`step_call` callable returned (the raw values and the call's error
+        messages) with ``feeds`` runs and ``walks`` walk requests."""
+        values, messages = raw
         w, f = walks, feeds
         a = 4 + 2 * w
         b = a + 2 * f
         c = b + f
         d = c + values[3]
         return StepResult(total=values[0], status=values[4 : 4 + w], valid=values[4 + w : a], feeds=values[a:b],
-                          written=values[d:], errors=_errors(self.module.step_errors()) if values[2] else {},
-                          reset=values[1], run_lens=values[b:c], run_tokens=values[c:d])
+                          written=values[d:], errors=_errors(messages) if values[2] else {}, reset=values[1],
+                          run_lens=values[b:c], run_tokens=values[c:d])
 
     def feed_runs(self, handles: Sequence[Any], runs: Sequence[Sequence[int]],
                   live: Sequence[bool]) -> StepResult:

@@ -37,7 +37,7 @@ class StepStats:
     tree_wait_s: float = 0.0
     mask_s: float = 0.0
     mask_timeouts: int = 0
-    # Scheduler-thread accounting (issue 17): ``sched_s`` is what the step's grammar calls cost the scheduler thread
+    # Scheduler-thread accounting (the grammar's cost to SGLang's own loop): ``sched_s`` is what the step's grammar calls cost the scheduler thread
     # (inline: all of the work; grammar thread: hand-off + join wait + upload), ``join_wait_s`` the part of it spent
     # waiting for the grammar thread, ``helper_gil_s`` the grammar thread's CPU time outside GIL-free native fills
     # (an upper bound of the GIL time it took from the scheduler thread), ``handoff_s`` the grammar thread's wake-up

@@ -35,6 +35,10 @@ whichever of 2 and 4 asks first; the host bitmask buffer is reused only after th
 request whose rows are not exact this step (time limit, failed build) has its drafts neutralised before sampling; a
 process that is one rank of several (tensor parallelism) builds without the time limit, so that every rank's mask
 is the same function of the same grammar states.
+
+Devices: the grammar thread runs each job on the CUDA device that was current on the thread that started it (a new
+thread starts on device 0: ``CudaDevices``, ``docs/multi-gpu.md``). A device error met by the job fails the step with
+:class:`DeviceFaultError`; only grammar and native failures fall back to the Python rebuild.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
+import torch
+
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.ledger import (AcceptLedger, AdvanceOutcome, GrammarLike, LedgerError, LedgerPlan,
                                               MatcherLike, ResultRuns, RowRun, Run)
@@ -58,10 +64,9 @@ from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, MaskUploader, PendingTree
 
 if TYPE_CHECKING:
-    import torch
     from torch.types import Device
 
-__all__ = ["GrammarStep", "MaskJob", "StepMask"]
+__all__ = ["CudaDevices", "DeviceFaultError", "GrammarStep", "MaskJob", "StepMask", "is_device_fault"]
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -103,6 +108,7 @@ class MaskJob:
     build: Optional[BuildPlan] = None
     upload_event: Optional[DeviceEvent] = None  # the previous upload the grammar thread waits for
     tree_views: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # the tree copy, links as [bs, n]
+    failed_callbacks: int = 0  # waiting callers whose on_done raised (_complete: every one is still called)
 
     @property
     def advance_s(self) -> float:
@@ -128,14 +134,74 @@ def _fed(plan: LedgerPlan, slots: Sequence[int]) -> List[AdvanceOutcome]:
     return out
 
 
+class DeviceFaultError(RuntimeError):
+    """The device failed under the step's grammar work (a CUDA error met by the grammar thread's event waits): the
+    step fails here instead of rebuilding its masks in Python. A device fault lasts (a device-side assert poisons the
+    CUDA context), so falling back would only turn it into a slow server logging warnings."""
+
+
+# Exception types and message parts that mean the device, not the grammar, failed. Messages count because the CUDA
+# runtime's errors reach Python as plain RuntimeError from many call sites (event waits among them).
+_DEVICE_ERROR_TYPES = tuple(t for t in (getattr(torch, "AcceleratorError", None),
+                                        getattr(torch.cuda, "CudaError", None),
+                                        getattr(torch.cuda, "OutOfMemoryError", None)) if isinstance(t, type))
+_DEVICE_ERROR_TEXT = ("CUDA", "cuda runtime", "device-side assert", "AcceleratorError", "cudaError", "HIP error")
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a device error rather than a grammar failure."""
+    seen: Optional[BaseException] = exc
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            return False
+        if isinstance(seen, _DEVICE_ERROR_TYPES) or isinstance(seen, DeviceFaultError):
+            return True
+        if isinstance(seen, RuntimeError) and any(part in str(seen) for part in _DEVICE_ERROR_TEXT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _raise_if_device_fault(exc: Exception) -> None:
+    """Raise :class:`DeviceFaultError` from ``exc`` when it is a device error (:func:`is_device_fault`)."""
+    if isinstance(exc, DeviceFaultError):
+        raise exc
+    if is_device_fault(exc):
+        raise DeviceFaultError(
+            f"sglang-eagle-overlap: the device failed during the grammar step ({type(exc).__name__}: {exc}); the step "
+            "fails instead of rebuilding its masks in Python, which would hide a lasting device fault. Check the GPU "
+            "(CUDA_LAUNCH_BLOCKING=1 locates the failing kernel)") from exc
+
+
+class CudaDevices:
+    """The current CUDA device of the calling thread, read and set through ``torch.cuda``. ``current`` is None while
+    CUDA is not initialised in this process (a CPU run never initialises it, and then nothing is set). A new thread's
+    current device is 0 whatever its parent's is (pytorch#58626), so the grammar thread sets the scheduler thread's
+    device before its first CUDA call; otherwise a rank on GPU k opens a CUDA context on GPU 0. Tests pass a stand-in
+    with the same two methods."""
+
+    def current(self) -> Optional[int]:
+        initialized = bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+        return int(torch.cuda.current_device()) if initialized else None
+
+    def set(self, index: int) -> None:
+        torch.cuda.set_device(index)
+
+
 class _GrammarThread:
     """The grammar thread: one daemon thread that runs one handed-off job at a time. A hand-off is a lock release and
     the join a lock acquire (no executor, future or queue, nothing allocated per job): the thread's own Python around
     a job is a few bytecodes, so it takes the GIL from the scheduler thread only while its job is outside a GIL-free
     call. :meth:`result` must be called once per :meth:`submit`, before the next one (``GrammarStep`` joins or settles
-    a job before it starts another)."""
+    a job before it starts another).
 
-    def __init__(self) -> None:
+    Each job carries the CUDA device of the thread that submitted it (None: CUDA not in use); the thread makes it its
+    current device before running the job, so its event waits and anything they initialise stay on that device."""
+
+    def __init__(self, devices: Optional[CudaDevices] = None) -> None:
+        self._devices = devices if devices is not None else CudaDevices()
+        self._device: Optional[int] = None  # the job's device
+        self._bound: Optional[int] = None  # the device this thread last made current
         self._ready = threading.Lock()
         self._ready.acquire()
         self._done = threading.Lock()
@@ -152,9 +218,10 @@ class _GrammarThread:
         self._thread = threading.Thread(target=self._loop, name="sglang-eo-grammar", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> _GrammarThread:
-        """Start ``fn(*args)`` on the thread; returns this thread, whose :meth:`result` joins it."""
-        self._fn, self._args = fn, args
+    def submit(self, fn: Callable[..., Any], *args: Any, device: Optional[int] = None) -> _GrammarThread:
+        """Start ``fn(*args)`` on the thread, ``device`` (a CUDA device index, None: CUDA not in use) made its current
+        device first; returns this thread, whose :meth:`result` joins it."""
+        self._fn, self._args, self._device = fn, args, device
         self.submitted = time.perf_counter()
         self._ready.release()
         return self
@@ -182,6 +249,10 @@ class _GrammarThread:
                 return
             c0 = time.thread_time()
             try:
+                device = self._device
+                if device is not None and device != self._bound:
+                    self._devices.set(device)
+                    self._bound = device
                 self._value = fn(*self._args)
             except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
                 self._error = exc
@@ -260,6 +331,7 @@ class GrammarStep:
         upload_stream: bool = False,
         forced: Optional[ForcedDrafts] = None,
         native: Optional[Callable[[], Optional[NativeGrammar]]] = None,
+        devices: Optional[CudaDevices] = None,
     ) -> None:
         self.copier = HostTreeCopier()
         self.ledger = AcceptLedger()
@@ -283,12 +355,12 @@ class GrammarStep:
         # Whether the exporter takes steps (its ``enabled``, absent: True), read at the first step: a disabled one
         # (no ``--enable-metrics``) is not called at all, nor are the forced-draft counts it would get computed.
         self._exporting: Optional[bool] = None
-        # The grammar thread (issue 17): one worker, jobs in submission order, created on the first job.
+        # The grammar thread (takes the step's native call off the scheduler thread): one worker, jobs in submission order, created on the first job.
         self.grammar_thread = grammar_thread
         # a batch of fewer grammar requests runs inline even with the thread on (Settings.grammar_thread_min_batch)
         self.grammar_thread_min_batch = max(1, grammar_thread_min_batch)
         self._thread: Optional[_GrammarThread] = None
-        # Grammar-forced drafts (issue 19): filled during the build, uploaded with the mask; None = off.
+        # Grammar-forced drafts (fewer verify steps where the grammar decides the tokens): filled during the build, uploaded with the mask; None = off.
         self.forced = forced
         self._forced_seen = (0, 0)  # (proposed, accepted) already reported to the exporter
         # The native batch calls (core/native.py): loaded when the first mask build creates the builder (a build may
@@ -301,6 +373,8 @@ class GrammarStep:
         self._collecting: Optional[LedgerPlan] = None
         self._waiting: List[Tuple[List[int], Callable[[List[AdvanceOutcome]], None]]] = []
         self._open: Optional[MaskJob] = None  # the grammar-thread job started and not yet joined
+        # the calling thread's CUDA device, read per job and made the grammar thread's (CudaDevices; tests: a stand-in)
+        self.devices = devices if devices is not None else CudaDevices()
 
     @property
     def builder(self) -> TreeMaskBuilder:
@@ -504,9 +578,10 @@ class GrammarStep:
             if job.build.handles is not None:
                 call = builder.native_call(job.build, *job.tree_views)
                 if self._thread is None:
-                    self._thread = _GrammarThread()
+                    self._thread = _GrammarThread(self.devices)
                 job.upload_event = self.uploader.take_fence()
-                job.future = self._thread.submit(_native_job, plan.sources(), tree, job.upload_event, call)
+                job.future = self._thread.submit(_native_job, plan.sources(), tree, job.upload_event, call,
+                                                 device=self.devices.current())
                 self._open = job
                 self.stats.counters["thread_steps"] += 1  # every counter is present from the start (StepStats)
         job.submit_s = time.perf_counter() - t0
@@ -624,6 +699,7 @@ class GrammarStep:
                 try:
                     res = builder.walk_native(build, *tree)
                 except Exception as exc:  # a refused call (it touched nothing): the Python walk, request by request
+                    _raise_if_device_fault(exc)
                     builder.abandon_native(build, exc)
             result = builder.finish(build, res, *tree)
             job.marks = (job.marks[0], job.marks[1], t2, time.perf_counter())
@@ -636,6 +712,7 @@ class GrammarStep:
         walks, every waiting caller told). Returns the mask and when the wait ended."""
         assert job.future is not None and job.build is not None and job.tree_views is not None
         builder = self.builder
+        fault = False
         try:
             res: Optional[StepResult] = None
             try:
@@ -647,6 +724,7 @@ class GrammarStep:
                 job.handoff_s = max(0.0, job.future.woke - job.future.submitted)
             except Exception as exc:  # the native call was refused or never made: everything here, in Python
                 t_join = time.perf_counter()
+                _raise_if_device_fault(exc)  # but not past a device fault: it fails the step
                 builder.abandon_native(job.build, exc)
                 job.tree.resolve()
                 if job.upload_event is not None:
@@ -655,23 +733,48 @@ class GrammarStep:
                 if self._open is job:
                     self._open = None
             return builder.finish(job.build, res, *job.tree_views), t_join
+        except Exception as exc:
+            fault = is_device_fault(exc)
+            if fault:
+                _raise_if_device_fault(exc)
+            raise
         finally:
-            self._complete(job)
+            if not fault:
+                self._complete(job)
+            else:  # the fault is what the caller must see; the feeds that need the device's results fail with it
+                try:
+                    self._complete(job)
+                except Exception as exc:  # noqa: BLE001 - logged, the device fault is raised
+                    logger.error("sglang-eagle-overlap: after the device fault, the runs queued for the step could "
+                                 "not all be fed: %s: %s", type(exc).__name__, exc)
 
     def _complete(self, job: MaskJob) -> None:
         """Feed whatever of ``job``'s ledger plan still waits (nothing, unless the build failed before its native
-        call) and hand every waiting caller its outcomes: each exactly once."""
+        call) and hand every waiting caller its outcomes: each exactly once. A caller whose ``on_done`` raises does not
+        keep the later ones from theirs; the first such error is raised after all were called (counted in
+        ``job.failed_callbacks``)."""
         plan = job.ledger_plan
         if plan is None:
             return
         waiting, job.waiting = job.waiting, []
         plan.feed()
+        first: Optional[Exception] = None
         for slots, on_done in waiting:
-            on_done(_fed(plan, slots))
+            try:
+                on_done(_fed(plan, slots))
+            except Exception as exc:  # noqa: BLE001 - raised below, once every caller was told
+                job.failed_callbacks += 1
+                if first is None:
+                    first = exc
+        if first is not None:
+            raise first
 
     def _settle_open(self) -> None:
         """Finish a grammar-thread job whose :meth:`finish_build` never came (its verify raised): its runs were handed
-        to the ledger by its barrier and must be recorded before the ledger is used again. Its mask is dropped."""
+        to the ledger by its barrier and must be recorded before the ledger is used again. Its mask is dropped, so a
+        failure to build it is logged and the step goes on; every waiting caller is told whatever fails (:meth:`_join`
+        feeds and tells them in its ``finally``). Raised here, after that: a device fault, and an error of a caller's
+        ``on_done`` (the host's own bookkeeping of those runs failed)."""
         job = self._open
         if job is None:
             return
@@ -679,6 +782,8 @@ class GrammarStep:
         try:
             self._join(job)
         except Exception as exc:  # noqa: BLE001 - the step it belonged to is gone; its runs were recorded above
+            if job.failed_callbacks or is_device_fault(exc):
+                raise
             logger.warning("sglang-eagle-overlap: an abandoned grammar step failed: %s: %s", type(exc).__name__, exc)
 
     def _forced_counts(self) -> Tuple[int, int, int, int, int]:

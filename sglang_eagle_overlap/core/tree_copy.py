@@ -12,8 +12,9 @@ Call order (one verify step)::
 
 Invariants:
 
-* Pinned host buffers are allocated once per (slot, shape, dtype) and reused; a step never allocates pinned memory
-  after warm-up. Two slots alternate so that step N+1's copy can be launched while step N's host tensors are still
+* Pinned host buffers are one per (slot, tensor, dtype), sized in powers of two of elements, and reused: a new batch
+  size allocates only when it outgrows its buffer (then the buffer doubles at least), so the pinned memory held is at
+  most twice the largest tree's and the allocations stop after warm-up. Two slots alternate so that step N+1's copy can be launched while step N's host tensors are still
   being read (the overlap scheduler may launch N+1 before N's mask has been consumed by every reader).
 * ``start`` enqueues non-blocking device-to-host copies on the current stream and records one event; ``resolve``
   waits on that event only (not on the whole device).
@@ -35,9 +36,28 @@ import torch
 
 from sglang_eagle_overlap.core.protocols import DeviceEvent
 
-__all__ = ["HostTreeCopier", "MaskUploader", "PendingTree", "device_streams"]
+__all__ = ["HostTreeCopier", "MaskUploader", "PendingTree", "device_streams", "host_to_device", "pinned_host"]
 
 Tree = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+_MAX_VIEWS = 48  # per slot: three tensors times the batch shapes of a steady load
+
+
+def pinned_host(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Page-locked host memory (only called for a copy to a device, so a device runtime is present)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+def host_to_device(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A copy of ``host`` on ``dev`` that does not block the calling thread, ordered on the current stream. From
+    pageable memory a CUDA copy is synchronous whatever ``non_blocking`` says, so the data is staged in pinned memory
+    first. The staging tensor is dropped at once: PyTorch's pinned-memory cache records the copy's stream and hands the
+    block out again only after that stream passed the copy, so a later call cannot overwrite it in flight. On the CPU:
+    a clone (the caller may reuse ``host``)."""
+    if dev.type == "cpu":
+        return host.clone()
+    staged = pinned_host(tuple(host.shape), host.dtype)
+    staged.copy_(host)
+    return staged.to(dev, non_blocking=True)
 
 
 @dataclass(slots=True)
@@ -61,25 +81,39 @@ class HostTreeCopier:
     """Owns the reusable pinned buffers for the verify-tree host copy (one per worker)."""
 
     num_slots: int = 2
-    _buffers: List[Dict[Tuple[int, Tuple[int, ...], torch.dtype], torch.Tensor]] = field(default_factory=list)
+    # per slot: the flat buffer of each (tensor index, dtype), and the views of it handed out per shape
+    _buffers: List[Dict[Tuple[int, torch.dtype], torch.Tensor]] = field(default_factory=list)
+    _views: List[Dict[Tuple[int, Tuple[int, ...], torch.dtype], torch.Tensor]] = field(default_factory=list)
     _slot: int = 0
-    pinned_allocations: int = 0  # observable: must stop growing after warm-up
+    pinned_allocations: int = 0  # observable: grows only when a tree outgrows its buffer (log2 of the largest size)
 
     def __post_init__(self) -> None:
         if self.num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
         self._buffers = [{} for _ in range(self.num_slots)]
+        self._views = [{} for _ in range(self.num_slots)]
 
     def _host_buffer(self, slot: int, index: int, src: torch.Tensor) -> torch.Tensor:
-        key = (index, tuple(src.shape), src.dtype)
-        buf = self._buffers[slot].get(key)
-        if buf is None:
+        """A host tensor of ``src``'s shape and dtype: a view of the slot's one buffer for (``index``, dtype), made
+        once per shape (the views are few and cheap, dropped when the buffer grows or they pass ``_MAX_VIEWS``)."""
+        shape = tuple(src.shape)
+        views = self._views[slot]
+        view = views.get((index, shape, src.dtype))
+        if view is not None:
+            return view
+        need = src.numel()
+        buf = self._buffers[slot].get((index, src.dtype))
+        if buf is None or buf.numel() < need:
+            capacity = 1 << max(need - 1, 0).bit_length()  # the power of two >= need
             # Pinning needs a device runtime; without one (CPU-only torch) a plain buffer is the honest fallback.
             pin = torch.cuda.is_available() if src.device.type == "cuda" else False
-            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
-            self._buffers[slot][key] = buf
+            buf = self._buffers[slot][(index, src.dtype)] = torch.empty(capacity, dtype=src.dtype, pin_memory=pin)
             self.pinned_allocations += 1
-        return buf
+            views.clear()  # views of the old buffer; their in-flight readers keep it alive themselves
+        if len(views) >= _MAX_VIEWS:
+            views.clear()
+        view = views[(index, shape, src.dtype)] = buf[:need].view(shape)
+        return view
 
     def start(
         self,
@@ -128,7 +162,7 @@ class MaskUploader:
 
     ``side_stream`` False: the copy is enqueued on the caller's current stream, behind the target verify launched
     there, so on a GPU it starts only when the verify ends and the sampling waits for it: serial GPU work after the
-    verify (issue 17). True: the copy is enqueued on a stream of its own (made once per device), which does not wait for
+    verify. True: the copy is enqueued on a stream of its own (made once per device), which does not wait for
     the caller's stream, so it runs while the verify still runs; the caller's stream waits for the copy's event before
     anything it enqueues next (the sampling), and the device tensor is marked as used by the caller's stream
     (``record_stream``), so the caching allocator does not hand its memory back to the side stream while the sampling

@@ -1,4 +1,4 @@
-"""Grammar-forced drafts (issue 19) at SGLang's verify, the same for both bands and the vendored patches.
+"""Grammar-forced drafts at SGLang's verify, the same for both bands and the vendored patches.
 
 Call order per EAGLE verify (``run_eagle_verify``), on the scheduler thread:
 

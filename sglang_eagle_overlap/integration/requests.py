@@ -79,7 +79,7 @@ def innermost_grammar(grammar: Any) -> Any:
 
 class RequestView:
     """A request's two tree-mask rows (constrained / unconstrained: immutable ``MaskRequest``s that every step's batch
-    shares), made from its grammar object once instead of at every step (issue 17: one ``MaskRequest`` per request per
+    shares), made from its grammar object once instead of at every step (one ``MaskRequest`` per request per
     step was the largest per-request piece before the verify launch), and the grammar they were made from. The
     constrained row holds the bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself, else the
     grammar object. :func:`committed_rows` reads the request's ledger key (the rows' ``request_id``: its id as a

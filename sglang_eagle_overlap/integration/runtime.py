@@ -48,6 +48,9 @@ class Runtime:
     # 0.5.16: a batch's ``can_mask`` verdict, as (its request list, that list's length, verdict), handed from the
     # scheduler's overlap decision to the same batch's verify entry (band.mask_verdict)
     mask_verdict: Optional[Tuple[Any, int, bool]] = None
+    # 0.5.23: the ledger keys of the latest decode result's rows (SGLang's running batch), kept by the ledger's prune
+    # after a prefill result, whose batch holds only the new requests (band.live_keys)
+    running_keys: List[str] = field(default_factory=list)
 
 
 _process: List[Optional[Runtime]] = [None]

@@ -1,4 +1,4 @@
-// sglang-eagle-overlap: one native call per verify step for the batch's xgrammar work (issue 17).
+// sglang-eagle-overlap: one native call per verify step for the batch's xgrammar work.
 //
 // Why: the grammar work of a constrained EAGLE step is a few native calls per request and per tree node (accept,
 // rollback, is_terminated, fill). Made from Python, each one is a Python frame, an argument conversion and a GIL
@@ -275,16 +275,16 @@ std::string What(const std::exception_ptr& e) {
   }
 }
 
-// The error messages of the last StepBatch call (one call at a time per process: GrammarStep joins or settles its
-// step before the next, and the ledger's own feeds run on the thread that owns it).
+// The error messages of the last StepBatch call made by the calling thread: one slot per thread, so calls on two
+// threads never see each other's messages. StepErrors must be called on the thread that made the call, before its
+// next call (the Python side fetches them right after the call, on the same thread).
 struct Errors {
-  std::mutex lock;
   std::vector<std::string> messages;
 };
 
 Errors& LastErrors() {
-  static Errors* errors = new Errors();  // leaked: no destructor at exit
-  return *errors;
+  thread_local Errors errors;
+  return errors;
 }
 
 // The batch's grammar work of one verify step, in one call:
@@ -312,8 +312,8 @@ Errors& LastErrors() {
 //
 // Returns [valid nodes of the batch, rows reset, errors, T, W walk statuses, W valid-node counts, F x (retained
 // tokens, feed state), F run lengths, the T tokens of all runs in run order (as read: packed or from their result),
-// the rows filled (any order)]; when errors > 0, StepErrors() returns their messages ("f<index>: message" /
-// "w<index>: message") until the next call.
+// the rows filled (any order)]; when errors > 0, StepErrors() on the same thread returns their messages
+// ("f<index>: message" / "w<index>: message") until that thread's next call.
 ffi::Shape StepBatch(
     ffi::Array<ffi::ObjectRef> feed_matchers, ffi::Array<int64_t> feed_packed, ffi::Array<ffi::Tensor> source_ids,
     ffi::Array<ffi::Tensor> source_lens, ffi::Array<int64_t> source_strides, ffi::Array<ffi::ObjectRef> walk_matchers,
@@ -531,15 +531,11 @@ ffi::Shape StepBatch(
     if (written[r]) out.push_back(r);
   }
   out[2] = static_cast<int64_t>(errors.size());
-  {
-    std::lock_guard<std::mutex> guard(LastErrors().lock);
-    LastErrors().messages = std::move(errors);
-  }
+  LastErrors().messages = std::move(errors);
   return ffi::Shape(out);
 }
 
 ffi::Array<ffi::String> StepErrors() {
-  std::lock_guard<std::mutex> guard(LastErrors().lock);
   ffi::Array<ffi::String> out;
   for (const std::string& e : LastErrors().messages) out.push_back(ffi::String(e));
   return out;

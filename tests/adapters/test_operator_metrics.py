@@ -2,7 +2,8 @@
 in the stats snapshot, the periodic log line, the timeline, and Prometheus (SGLang's multiprocess directory).
 
 ``GrammarStep.copy_tree`` / ``build_mask`` are called directly with unconstrained requests (no grammar: no xgrammar
-work, the step still runs every phase), a recording tree and a recording barrier.
+work, the step still runs every phase), a tree whose wait and a barrier whose work take known durations on a clock
+only the test moves (``core.step``'s and the timeline's ``perf_counter``), so every reported number is known by hand.
 """
 
 from __future__ import annotations
@@ -14,17 +15,49 @@ import pytest
 import torch
 
 from sglang_eagle_overlap import metrics as M
-from sglang_eagle_overlap.core import MaskRequest
+from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import step as step_mod
 from sglang_eagle_overlap.core import timeline as T
 from sglang_eagle_overlap.core.step import GrammarStep
 
 
+class _Clock:
+    """Stands in for the ``time`` module of the step and the timeline: ``perf_counter`` reads ``now``, moved only by
+    the phases below; every other function is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.perf_counter = lambda: self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The test's clock, and a mask build that takes ``clock.mask_s`` on it (the phase after the tree wait)."""
+    c = _Clock()
+    c.mask_s = 0.0
+    monkeypatch.setattr(step_mod, "time", c)
+    monkeypatch.setattr(T, "time", c)
+    finish = TreeMaskBuilder.finish
+
+    def timed_finish(self, *args, **kwargs):
+        c.now += c.mask_s
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(TreeMaskBuilder, "finish", timed_finish)
+    return c
+
+
 class _Tree:
-    def __init__(self, bs: int, n: int = 4, wait_s: float = 0.0):
-        self.bs, self.n, self.wait_s = bs, n, wait_s
+    """A pending tree copy whose wait takes ``wait_s`` on the test's clock."""
+
+    def __init__(self, clock: _Clock, bs: int, wait_s: float, n: int = 4):
+        self.clock, self.bs, self.n, self.wait_s = clock, bs, n, wait_s
 
     def resolve(self):
-        time.sleep(self.wait_s)
+        self.clock.now += self.wait_s
         nxt = torch.full((self.bs, self.n), -1, dtype=torch.int64)
         return nxt, nxt.clone(), torch.zeros((self.bs, self.n), dtype=torch.int64)
 
@@ -35,54 +68,74 @@ def fresh_state(tmp_path):
                        timeline=T.Timeline(str(tmp_path / "tl.json")))
 
 
-def _step(step, bs=3, barrier_s=0.002, wait_s=0.001):
+def _step(step, clock, bs=3, barrier_s=0.5, wait_s=0.25, mask_s=0.125):
+    """One verify step on the CPU: barrier, tree wait and mask build take the given seconds; 1000 s pass first (the
+    forward and whatever else the scheduler did, none of it the grammar's)."""
     reqs = [MaskRequest(request_id=f"r{i}") for i in range(bs)]
     launch = torch.full((bs, 4), -1, dtype=torch.int64)
     step.copy_tree(launch, launch, torch.zeros_like(launch))  # the launch stamp (CPU tensors: no copy)
-    time.sleep(0.001)  # the "forward" (synchronous on CPU)
-    return step.build_mask(reqs, _Tree(bs, wait_s=wait_s), vocab_size=64, device=torch.device("cpu"),
-                           barrier=lambda: time.sleep(barrier_s), draft_device=None)
+    clock.now += 1000.0  # the "forward" (synchronous on CPU)
+    clock.mask_s = mask_s
+
+    def barrier():
+        clock.now += barrier_s
+
+    return step.build_mask(reqs, _Tree(clock, bs, wait_s), vocab_size=64, device=torch.device("cpu"),
+                           barrier=barrier, draft_device=None)
 
 
-def test_step_stats_and_snapshot_carry_grammar_and_unhidden_time(fresh_state):
-    _step(fresh_state)
-    _step(fresh_state)
+def test_step_stats_and_snapshot_carry_grammar_and_unhidden_time(fresh_state, clock):
+    """Two steps: barrier 0.5 + 1.5 s, tree wait 0.25 + 0.75 s, mask 0.125 + 0.375 s. Per step on average: advance
+    1000 ms, tree wait 500 ms, mask 250 ms, grammar 1750 ms; on a CPU the forward ran inside the launch call, so
+    sampling waited for all of the grammar time (un-hidden 1750 ms), all of it on the scheduler thread (inline)."""
+    _step(fresh_state, clock)
+    assert fresh_state.stats.last == {"advance_s": 0.5, "tree_wait_s": 0.25, "mask_s": 0.125, "bs": 3.0,
+                                      "unhidden_s": 0.875}
+    _step(fresh_state, clock, barrier_s=1.5, wait_s=0.75, mask_s=0.375)
     s = fresh_state.stats
     assert s.steps == 2
-    assert s.advance_s >= 2 * 0.002 and s.tree_wait_s >= 2 * 0.001
-    # CPU: the forward ran inside the launch call, so all of the grammar time was waited for by sampling.
-    assert s.unhidden_s == pytest.approx(s.grammar_s, rel=0.05, abs=2e-4)
+    assert (s.advance_s, s.tree_wait_s, s.mask_s, s.grammar_s) == (2.0, 1.0, 0.5, 3.5)
+    assert s.unhidden_s == 3.5 and s.sched_s == 3.5
     snap = fresh_state.snapshot()
-    assert snap["unhidden_s"] == s.unhidden_s and snap["mask_timeouts"] == 0
-    per = s.per_step_ms()
-    assert per["grammar_ms"] == pytest.approx(s.grammar_s / 2 * 1e3)
-    assert per["unhidden_ms"] == pytest.approx(s.unhidden_s / 2 * 1e3)
+    assert snap["unhidden_s"] == 3.5 and snap["grammar_s"] == 3.5 and snap["mask_timeouts"] == 0
+    assert s.per_step_ms() == {"grammar_ms": 1750.0, "unhidden_ms": 1750.0, "advance_ms": 1000.0,
+                               "tree_wait_ms": 500.0, "mask_ms": 250.0, "sched_ms": 1750.0, "join_wait_ms": 0.0,
+                               "helper_gil_ms": 0.0, "handoff_ms": 0.0}
 
 
-def test_log_line_names_the_operator_numbers(fresh_state, caplog):
+def test_per_step_means_are_zero_before_the_first_step():
+    assert set(GrammarStep().stats.per_step_ms().values()) == {0.0}
+
+
+def test_log_line_names_the_operator_numbers(fresh_state, clock, caplog):
+    """The first step's line: barrier 0.5 s, tree wait 0.25 s, mask 0.125 s, all of it un-hidden on a CPU."""
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
-        _step(fresh_state)
+        _step(fresh_state, clock)
     line = next(r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage())
-    assert "not hidden by the forward" in line and "mask time-limit hits" in line
-    assert f"{fresh_state.stats.per_step_ms()['unhidden_ms']:.3f} ms" in line
+    assert line.startswith("sglang-eagle-overlap: 1 grammar verify steps; per step: grammar 875.000 ms (advance "
+                           "500.000, tree wait 250.000, mask 125.000), on the scheduler thread 875.000 ms"), line
+    assert "not hidden by the forward 875.000 ms; 0 mask time-limit hits" in line, line
 
 
-def test_mask_step_stamps_the_timeline_in_order(fresh_state):
-    _step(fresh_state, bs=3)
+def test_mask_step_stamps_the_timeline_in_order(fresh_state, clock):
+    """The spans of one step, contiguous, each as long as its phase took: advance 0.5 s, tree wait 0.25 s, mask build
+    0.125 s, upload 0 s (no mask on the CPU), then the sample point; the tree copy 1000 s (the forward) before."""
+    t_copy = clock.now
+    _step(fresh_state, clock, bs=3)
     evs = fresh_state.timeline.events()
     names = [e[0] for e in evs]
     assert names == ["tree_copy", "advance", "tree_wait", "mask_build", "mask_upload", "sample"]
-    starts = [e[1] for e in evs]
-    assert starts == sorted(starts)
-    for a, b in zip(evs[1:], evs[2:]):
-        assert a[2] == b[1]  # phases are contiguous: one phase ends where the next starts
-    assert evs[-1][3] == 3
+    assert [(e[1], e[2]) for e in evs] == [(t_copy, t_copy), (t_copy + 1000.0, t_copy + 1000.5),
+                                           (t_copy + 1000.5, t_copy + 1000.75), (t_copy + 1000.75, t_copy + 1000.875),
+                                           (t_copy + 1000.875, t_copy + 1000.875),
+                                           (t_copy + 1000.875, t_copy + 1000.875)]
+    assert all(e[3] == 3 for e in evs[1:])
 
 
-def test_disabled_timeline_records_nothing_but_stats_still_count():
+def test_disabled_timeline_records_nothing_but_stats_still_count(clock):
     step = GrammarStep(probe=M.ForwardReadyProbe(), timeline=T.Timeline(None))
-    _step(step)
-    assert step.timeline.events() == [] and step.stats.steps == 1
+    _step(step, clock)
+    assert step.timeline.events() == [] and step.stats.steps == 1 and step.stats.grammar_s == 0.875
 
 
 class _FakeEvent:

@@ -1,4 +1,4 @@
-"""Grammar-forced drafts (issue 19), core: the forced continuation per node, the table the mask build fills, the
+"""Grammar-forced drafts, core: the forced continuation per node, the table the mask build fills, the
 device pick after the verify and the replacement in the next step's tree (CPU tensors stand in for the device)."""
 
 from __future__ import annotations
@@ -28,6 +28,87 @@ def _doc_ids() -> List[int]:
     return list(encode(G.nested_doc_text(random.Random(0)), VOCAB))
 
 
+# A 15-token vocabulary whose tokenization is worked out by hand: greedy longest match (a character outside it is
+# UNKNOWN). Where a string ends matters: '"' followed by 'a' or ',' becomes one token ('"a', '",'), 'b"' followed by
+# '}' too ('b"}').
+TINY = ["</s>", "{", '"', "k", "ke", "key", '":', ":", "}", "a", "b", '"a', '",', ",", 'b"}']
+OPEN, Q, K, KE, KEY, QCOLON, COLON, CLOSE, A, B, QA, QCOMMA, COMMA, BQCLOSE = range(1, 15)
+UNKNOWN = 99
+# Its grammar: every document is {"key":"<a or b, at least once>"}.
+TINY_REGEX = r'\{"key":"[ab]+"\}'
+
+
+def tiny_encode(s: str) -> List[int]:
+    out, i = [], 0
+    while i < len(s):
+        fits = [t for t in range(1, len(TINY)) if s.startswith(TINY[t], i)]
+        best = max(fits, key=lambda t: len(TINY[t]), default=None)
+        out.append(UNKNOWN if best is None else best)
+        i += 1 if best is None else len(TINY[best])
+    return out
+
+
+def tiny_decode(ids: Sequence[int]) -> str:
+    return "".join(TINY[i] for i in ids)
+
+
+def tiny_matcher(prefix: Sequence[int] = ()):
+    import xgrammar as xgr
+
+    grammar = xgr.GrammarCompiler(xgr.TokenizerInfo(TINY, stop_token_ids=[0])).compile_regex(TINY_REGEX)
+    m = xgr.GrammarMatcher(grammar, max_rollback_tokens=-1)
+    for t in prefix:
+        assert m.accept_token(t), TINY[t]
+    return m
+
+
+def test_the_tiny_tokenizer_is_the_one_worked_out_by_hand():
+    """The premises of the hand-worked values below."""
+    assert tiny_encode('{"key":"') == [OPEN, Q, KEY, QCOLON, Q]
+    assert tiny_encode('{"key":"a') == [OPEN, Q, KEY, QCOLON, QA]
+    assert tiny_encode('ab"}') == [A, BQCLOSE] and tiny_encode('ab"') == [A, B, Q]
+    assert tiny_encode("A") == [UNKNOWN] and tiny_decode([Q, KEY, QCOLON]) == '"key":'
+    assert tiny_matcher().find_jump_forward_string() == '{"key":"'
+
+
+@pytest.mark.parametrize("s, kept", [
+    ('{"key":"', (OPEN, Q, KEY, QCOLON)),  # the last '"' is held back: '"a' or '",' may follow
+    ('"key":"', (Q, KEY, QCOLON)),
+    ('":"', (QCOLON,)),
+    ('"', ()),  # all of it held back
+    ("}", (CLOSE,)),
+    (":", (COLON,)),
+    ('ab"', (A,)),  # two tokens held back: 'b"' + '}' is one token
+    ("", ()),
+])
+def test_stable_tokens_hand_worked(s, kept):
+    """``encode(s)`` without the tail tokens that a following letter, digit, space, quote, bracket, comma or newline
+    could merge with, on :data:`TINY`; the batch encoder gives the same."""
+    assert stable_tokens(tiny_encode, s) == kept
+    assert stable_tokens(tiny_encode, s, lambda texts: [tiny_encode(t) for t in texts]) == kept
+
+
+def test_prefix_alternatives_hand_worked():
+    """Per forced token, the other single tokens spelling a prefix of the text from that token's offset on, shortest
+    first, on :data:`TINY`. ``'"key":"'`` is forced as ``'"' 'key' '":'``::
+
+        offset 0  '"'    position 0: the root check, none
+        offset 1  'key'  'k', 'ke' spell a prefix of 'key":"' ('key' is the forced token itself)
+        offset 4  '":'   '"' spells a prefix of '":"'
+    """
+    s = '"key":"'
+    toks = (Q, KEY, QCOLON)
+    assert prefix_alternatives(tiny_encode, tiny_decode, s, toks) == ((), (K, KE), (Q,))
+    assert prefix_alternatives(tiny_encode, tiny_decode, s, toks, limit=1) == ((), (K,), (Q,))
+    assert prefix_alternatives(tiny_encode, tiny_decode, s, toks[:1]) == ((),)
+    # token 1 ('a') does not spell the text at offset 1: it is looked up (now 'key' is another token than the forced
+    # one), nothing past it is
+    assert prefix_alternatives(tiny_encode, tiny_decode, s, (Q, A, QCOLON)) == ((), (K, KE, KEY))
+    # the first token already does not spell the text: position 0 (which never has any) only
+    assert prefix_alternatives(tiny_encode, tiny_decode, s, (A, KEY)) == ((),)
+    assert prefix_alternatives(tiny_encode, tiny_decode, s, ()) == ()
+
+
 def test_stable_tokens_hold_back_a_tail_that_merges_with_what_follows(enc):
     for s in ['{"name":', '","age":', 'alpha beta', ': ', '{"', '"]}']:
         toks = stable_tokens(enc, s)
@@ -39,32 +120,49 @@ def test_stable_tokens_hold_back_a_tail_that_merges_with_what_follows(enc):
     assert len(stable_tokens(enc, ": ")) < len(enc(": "))
 
 
-def test_continuation_is_the_grammars_forced_text_tokenized(enc):
+def test_continuation_is_the_grammars_forced_text_tokenized():
+    """Along the document ``{"key":"ab"}`` of :data:`TINY_REGEX`, the forced text after each token and its stable
+    tokens, worked out by hand; at most ``width`` of them; nothing without an encoder."""
     f = ForcedDrafts(width=8)
-    m = G.matcher("nested", VOCAB)
+    m = tiny_matcher()
     assert f.continuation(m) == ()  # no encoder: nothing
+    f.encode = tiny_encode
+    want = [  # (token accepted next, the continuation before it)
+        (OPEN, (OPEN, Q, KEY, QCOLON)),  # '{"key":"'
+        (Q, (Q, KEY, QCOLON)),  # '"key":"'
+        (KEY, (KEY, QCOLON)),  # 'key":"'
+        (QCOLON, (QCOLON,)),  # '":"'
+        (Q, ()),  # '"': held back
+        (A, ()),  # nothing forced: a, b or the closing quote
+        (B, ()),
+        (Q, ()),
+        (CLOSE, (CLOSE,)),  # '}'
+    ]
+    for token, continuation in want:
+        assert f.continuation(m) == continuation, TINY[token]
+        assert m.accept_token(token)
+    narrow = ForcedDrafts(width=2)
+    narrow.encode = tiny_encode
+    assert narrow.continuation(tiny_matcher()) == (OPEN, Q)
+
+
+def test_continuations_are_accepted_by_the_grammar_on_a_real_tokenizer(enc):
+    """On the 32000-token BPE and the nested schema: some states force a continuation, and each is accepted token by
+    token from the state it was asked in (a held-back tail that merged, or a tokenization the grammar refuses, would
+    not be)."""
+    f = ForcedDrafts(width=8)
     f.encode = enc
-    ids = _doc_ids()
+    m = G.matcher("nested", VOCAB)
     seen = 0
-    for t in ids[:80]:
-        s = m.find_jump_forward_string()
+    for t in _doc_ids():
         toks = f.continuation(m)
-        if s:
-            assert toks == stable_tokens(enc, s)[:8]
-            seen += bool(toks)
-        else:
-            assert toks == ()
-        assert m.accept_token(t)
-    assert seen >= 3  # keys of the nested schema are forced
-    # the continuation's tokens are accepted by the grammar from that state
-    m2 = G.matcher("nested", VOCAB)
-    for t in ids:
-        toks = f.continuation(m2)
+        seen += bool(toks)
         for k, x in enumerate(toks):
-            assert m2.accept_token(x), (toks, k)
-        m2.rollback(len(toks))
-        if not m2.accept_token(t):
+            assert m.accept_token(x), (toks, k)
+        m.rollback(len(toks))
+        if not m.accept_token(t):
             break
+    assert seen >= 3  # keys of the nested schema are forced
 
 
 def _chain(bs: int, n: int):
@@ -73,31 +171,48 @@ def _chain(bs: int, n: int):
     return nxt, torch.full((bs, n), -1, dtype=torch.int64)
 
 
-def test_build_records_each_valid_nodes_continuation(enc):
-    """The table row of a node is the continuation of the grammar state after that node's path; rows of invalid
-    nodes and of unconstrained requests stay empty."""
-    ids = _doc_ids()
-    n, width = 4, 6
+# The tree of the build tests (one request, n = 5), its root the last committed token '{' (in the matcher already):
+#
+#   node 0 '{' ── node 1 '"' ── node 3 'key' ── node 4 '":'
+#        └─────── node 2 'a'    (invalid: the grammar wants '"')
+TINY_NXT = [[1, 3, -1, 4, -1]]
+TINY_SIB = [[-1, 2, -1, -1, -1]]
+TINY_TOK = [[OPEN, Q, A, KEY, QCOLON]]
+
+
+def _tiny_build(width: int, decode=None) -> torch.Tensor:
+    """The table of one build of the tree above (request 0) next to an unconstrained request (request 1)."""
     f = ForcedDrafts(width=width)
-    f.encode = enc
-    prefix = ids[:2]  # the root of the tree is the last committed token
-    m = G.matcher("nested", VOCAB, prefix)
-    nxt, sib = _chain(2, n)
-    tok = torch.tensor([ids[1:1 + n], [1, 2, 3, 4]])
-    tok[0, 3] = VOCAB + 5  # out of vocabulary: an invalid node
-    res = TreeMaskBuilder().build([MaskRequest(matcher=m), MaskRequest()], nxt, sib, tok, VOCAB, forced=f)
-    assert not res.failed
+    f.encode, f.decode = tiny_encode, decode
+    nxt = torch.tensor(TINY_NXT * 2)
+    sib = torch.tensor(TINY_SIB * 2)
+    tok = torch.tensor(TINY_TOK * 2)
+    res = TreeMaskBuilder().build([MaskRequest(matcher=tiny_matcher([OPEN])), MaskRequest()], nxt, sib, tok,
+                                  len(TINY), forced=f)
+    assert not res.failed and res.valid_nodes == 4  # nodes 0, 1, 3, 4
     f.upload("cpu")
-    table = f._table
-    assert table is not None and tuple(table.shape) == (2 * n, width, 1 + ALTERNATIVES)
-    ref = G.matcher("nested", VOCAB, prefix)
-    for node in range(3):
-        if node:
-            assert ref.accept_token(int(tok[0, node]))
-        want = stable_tokens(enc, ref.find_jump_forward_string())[:width] if ref.find_jump_forward_string() else ()
-        row = [x for x in table[node, :, 0].tolist() if x >= 0]
-        assert tuple(row) == want, node
-    assert (table[3] == -1).all() and (table[n:] == -1).all()
+    assert f._table is not None and tuple(f._table.shape) == (10, width, 1 + ALTERNATIVES)
+    assert f.recorded_nodes == 3  # node 4's continuation is empty
+    return f._table
+
+
+def test_build_records_each_valid_nodes_continuation():
+    """The table row of a node is the stable tokens of the text forced after that node's path; rows of invalid nodes,
+    of nodes forcing nothing stable, and of unconstrained requests stay empty (-1)::
+
+        node 0  after '{'        forces '"key":"'  -> '"' 'key' '":'   (the last '"' held back)
+        node 1  after '{"'       forces 'key":"'   -> 'key' '":'
+        node 2  invalid                            -> empty
+        node 3  after '{"key'    forces '":"'      -> '":'
+        node 4  after '{"key":'  forces '"'        -> empty (held back)
+    """
+    table = _tiny_build(width=6)
+    e = -1
+    assert table[:5, :, 0].tolist() == [[Q, KEY, QCOLON, e, e, e], [KEY, QCOLON, e, e, e, e], [e] * 6,
+                                        [QCOLON, e, e, e, e, e], [e] * 6]
+    assert (table[:, :, 1:] == -1).all()  # no decoder: no alternatives
+    assert (table[5:] == -1).all()  # the unconstrained request
+    assert _tiny_build(width=2)[:5, :, 0].tolist() == [[Q, KEY], [KEY, QCOLON], [e, e], [QCOLON, e], [e, e]]
 
 
 def _forced_after(rows: Sequence[Sequence[int]], accept_index: List[List[int]], rids: List[str], n: int,
@@ -296,41 +411,23 @@ def test_the_draft_models_own_tokenization_of_the_forced_text_is_kept():
     assert draft.tolist()[:4] == [50, 51, 52, 9]
 
 
-def test_build_records_prefix_alternatives_with_a_decoder(enc, dec):
-    """With ``decode`` set, each recorded row carries the alternatives of :func:`prefix_alternatives` of its forced
-    text; without it, none."""
-    import xgrammar as xgr
+def test_build_records_prefix_alternatives_with_a_decoder():
+    """With ``decode`` set, each recorded position carries its prefix alternatives (see
+    :func:`test_prefix_alternatives_hand_worked`), -1 padded to ``ALTERNATIVES``::
 
-    grammar = G._compiler(VOCAB).compile_regex(r'\{"name":"[a-z]+","address":\{"street":"[a-z]+"\}\}')
-    ids = list(enc('{"name":"ab","address":{"street":"cd"}}'))
-
-    def matcher():
-        m = xgr.GrammarMatcher(grammar)
-        assert m.accept_token(ids[0])
-        return m
-
-    n = 4
-    rows_alt = []
-    for decode in (None, dec):
-        f = ForcedDrafts(width=6)
-        f.encode, f.decode = enc, decode
-        nxt, sib = _chain(1, n)
-        tok = torch.tensor([ids[:n]])  # the root is the committed first token
-        assert not TreeMaskBuilder().build([MaskRequest(matcher=matcher())], nxt, sib, tok, VOCAB, forced=f).failed
-        f.upload("cpu")
-        assert f._table is not None
-        rows_alt.append(f._table[..., 1:].clone())
-        ref = matcher()
-        for node in range(n):
-            if node:
-                assert ref.accept_token(int(tok[0, node]))
-            s = ref.find_jump_forward_string()
-            if not s or decode is None:
-                continue
-            want = prefix_alternatives(enc, dec, s, stable_tokens(enc, s)[:6])
-            for i, a in enumerate(want):
-                assert [x for x in f._table[node, i, 1:].tolist() if x >= 0] == list(a), (node, i)
-    assert bool((rows_alt[0] == -1).all()) and bool((rows_alt[1] >= 0).any())
+        node 0  '"' 'key' '":'   position 1 ('key'): 'k', 'ke'; position 2 ('":'): '"'
+        node 1  'key' '":'       position 1 ('":'): '"'
+        node 3  '":'             none (position 0 is the root check)
+    """
+    table = _tiny_build(width=6, decode=tiny_decode)
+    e = [-1] * ALTERNATIVES
+    alts = table[:, :, 1:].tolist()
+    assert alts[0][:3] == [e, [K, KE, -1, -1], [Q, -1, -1, -1]]
+    assert alts[1][:2] == [e, [Q, -1, -1, -1]]
+    assert all(row == e for node in (2, 3, 4) for row in alts[node])
+    assert all(row == e for node in (0, 1) for row in alts[node][3 if node == 0 else 2:])
+    assert all(row == e for node in range(5, 10) for row in alts[node])
+    assert table[:5, :, 0].tolist() == _tiny_build(width=6)[:5, :, 0].tolist()  # the forced tokens are unchanged
 
 
 def test_a_failed_batched_walk_leaves_no_row_of_its_own(enc):

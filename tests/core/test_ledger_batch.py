@@ -1,4 +1,4 @@
-"""``AcceptLedger.advance_many`` / ``GrammarStep.advance_many`` (issue 17: a whole result's runs in one ledger call).
+"""``AcceptLedger.advance_many`` / ``GrammarStep.advance_many`` (a whole result's runs in one ledger call).
 
 The batch call must do, run by run and in order, what an independent reference of the ledger's rules does: the same
 outcomes, the same errors (returned for the run in error, raised by ``advance``), the same matcher states, the same

@@ -1,4 +1,4 @@
-"""AcceptLedger's native feed (``advance(..., matcher=, on_feed=)``, issue 17): a run fed straight to the matcher
+"""AcceptLedger's native feed (``advance(..., matcher=, on_feed=)``): a run fed straight to the matcher
 inside a grammar wrapper has the outcome the wrapper path has, never offers a token to a terminated matcher (xgrammar
 logs a warning for each), checks termination once per token, and reports each fresh feed -- never a replay -- to
 ``on_feed``."""

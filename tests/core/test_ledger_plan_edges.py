@@ -1,4 +1,4 @@
-"""``LedgerPlan``'s less travelled paths against what they promise (issue 17; written for the survivors of a mutation
+"""``LedgerPlan``'s less travelled paths against what they promise (written for the survivors of a mutation
 run over ``core/ledger.py``, ``tests/core/MUTANTS.md``): a matcher that raises inside the native feed, two runs of one
 request in one ``add_rows`` call, rows fed in Python next to queued ones, slots and sources over several calls, the
 host-copy event, and the pure mapping from the native call's states to outcomes."""

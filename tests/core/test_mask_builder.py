@@ -20,6 +20,7 @@ import xgrammar as xgr
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.native import native
 from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup
 
 STRATEGIES = ["lockstep", "native", "python"]
@@ -209,14 +210,72 @@ def test_host_grammar_rejecting_on_accept_makes_an_invalid_node():
     assert got.valid_nodes == 2 and got.failed == [] and g.depth == 0
 
 
-def test_build_time_is_the_calls_own():
-    matchers, nxt, sib, tok = _setup()
+class FakeTime:
+    """Stands in for the ``time`` module of the module under test: ``perf_counter`` reads ``now``, which only the
+    test moves; every other function is the real one. ``perf_counter`` is one object (an instance attribute), so a
+    builder given it as its clock still counts as on "the real clock" (``clock is time.perf_counter``)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.perf_counter = lambda: self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+class SlowFills(_DepthGrammar):
+    """A host grammar whose every mask fill takes ``fill_s`` on ``clock`` (and allows every token)."""
+
+    def __init__(self, clock: FakeTime, fill_s: float) -> None:
+        self.clock, self.fill_s, self.fills, self.depth = clock, fill_s, 0, 0
+
+    def accept_token(self, token: int) -> None:
+        self.depth += 1
+
+    def fill_vocab_mask(self, vocab_mask, idx: int) -> None:
+        self.clock.now += self.fill_s
+        self.fills += 1
+
+
+@pytest.mark.parametrize("strategy, with_native", [(s, False) for s in STRATEGIES] + [("lockstep", True)])
+def test_build_time_is_the_time_spent_inside_the_call(strategy, with_native, monkeypatch):
+    """``TreeMask.build_s`` is what the call took, on a clock only the test moves: 1000 s pass before each call (not
+    the build's), each host-grammar fill takes 0.25 s and nothing else takes time. The tree (n = 5)::
+
+        request 0 (SlowFills):  0 ── 1 ── 3       request 1 (SlowFills):  0 ── 1
+                                     └── 2                                  (2, 3, 4 unused)
+                                (4 unused)
+
+    fills one row per node reached: 4 (0, 1, 2, 3) and 2 (0, 1), so 1.5 s; alone, request 1's build is 0.5 s; an
+    empty or unconstrained batch walks nothing: 0 s. Beside regex matchers (real xgrammar work, which this clock does
+    not see) the build took 0.25 s per host fill."""
+    clock = FakeTime()
+    monkeypatch.setattr(mask_mod, "time", clock)
+    builder = TreeMaskBuilder(strategy=strategy, threads=1, clock=clock.perf_counter,
+                              native=native() if with_native else None)
+    nxt = torch.tensor([[1, 3, -1, -1, -1], [1, -1, -1, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1, -1, -1], [-1, -1, -1, -1, -1]])
+    tok = torch.tensor([[0, 11, 12, 13, 14], [0, 21, 22, 23, 24]])
     empty = torch.zeros((0, N), dtype=torch.int64)
-    for reqs, a, b, c in (([], empty, empty, empty), ([MaskRequest()] * 3, nxt, sib, tok),
-                          (_reqs(matchers), nxt, sib, tok)):
-        t0 = time.perf_counter()
-        got = TreeMaskBuilder(threads=1).build(reqs, a, b, c, VOCAB)
-        assert 0.0 <= got.build_s <= time.perf_counter() - t0
+
+    def build(reqs, *tree):
+        clock.now += 1000.0  # whatever happened before the call
+        return builder.build(reqs, *tree, VOCAB)
+
+    a, b = SlowFills(clock, 0.25), SlowFills(clock, 0.25)
+    assert build([MaskRequest(grammar=a), MaskRequest(grammar=b)], nxt, sib, tok).build_s == 1.5
+    assert (a.fills, b.fills) == (4, 2)
+    assert build([MaskRequest(grammar=SlowFills(clock, 0.25))], nxt[1:], sib[1:], tok[1:]).build_s == 0.5
+    assert build([], empty, empty, empty).build_s == 0.0
+    assert build([MaskRequest()] * 2, nxt, sib, tok).build_s == 0.0
+    matchers, mnxt, msib, mtok = _setup()
+    mixed = _reqs(matchers)
+    mixed[1] = MaskRequest(grammar=SlowFills(clock, 0.25))
+    mixed[2] = MaskRequest(grammar=SlowFills(clock, 0.25))
+    got = build(mixed, mnxt, msib, mtok)
+    fills = mixed[1].grammar.fills + mixed[2].grammar.fills
+    assert got.failed == [] and fills >= 2 and got.build_s == 0.25 * fills
+    assert builder.native_walks == (1 if with_native else 0)  # the native module walked the regex rows
 
 
 def test_shape_errors_name_the_tensors():
@@ -515,7 +574,7 @@ def test_a_root_without_drafts_fills_its_root_row_only(strategy):
     assert bool((got.bitmask[5:] == -1).all()) and got.valid_nodes == 5
 
 
-# -- sparse reset of the reused buffer (issue 17) ------------------------------------------------------------------
+# -- sparse reset of the reused buffer ------------------------------------------------------------------------------
 def _batch(pick, broken_at=None):
     """Rows of :func:`_setup`'s batch chosen by ``pick`` (None: an unconstrained row), the one at ``broken_at`` through
     a grammar whose fill raises (it fails alone)."""

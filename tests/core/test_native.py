@@ -1,4 +1,4 @@
-"""The native batch calls (``core/native.py``, ``native/grammar_batch.cc``; issue 17) against the Python code they
+"""The native batch calls (``core/native.py``, ``native/grammar_batch.cc``) against the Python code they
 replace: the ledger's batched feed gives the outcomes, matcher states and ``on_feed`` reports of the Python feed, run
 by run; the loader builds once per key, fails with the compiler's words, and the runtime falls back (auto) or refuses
 (required). The tree walk's equivalence with SGLang's own mask is in ``test_mask_equivalence.py`` (strategy

@@ -1,4 +1,4 @@
-"""The plugin's grammar step under tensor parallelism (issue #21): every TP rank is a scheduler process with its own
+"""The plugin's grammar step under tensor parallelism: every TP rank is a scheduler process with its own
 :class:`GrammarStep`.
 
 * Stats: with several ranks each writes ``<stem>.rank<r><ext>`` instead of all overwriting one file.

@@ -1,4 +1,4 @@
-"""``GrammarStep``'s exactly-once advance as the bands call it (issue 17; written for the survivors of a mutation run
+"""``GrammarStep``'s exactly-once advance as the bands call it (written for the survivors of a mutation run
 over ``core/step.py``, ``tests/core/MUTANTS.md``): ``advance_later`` outside a build (fed at once) and inside a
 build's barrier (queued, fed by the build, a conflicting run re-anchored there), ``replay_kept`` (0.5.16's
 post-processing), ``advance``'s ``on_feed``, and the warning of an abandoned step that failed."""

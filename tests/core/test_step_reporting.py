@@ -1,5 +1,5 @@
 """What ``GrammarStep`` reports (its stats file, the per-rank file name, the INFO line) and where the per-process
-mask time-limit decision comes from: the TP rank of the process (issue 20, the surviving mutants of ``core/step.py``).
+mask time-limit decision comes from: the TP rank of the process (written for the surviving mutants of ``core/step.py``).
 
 The stats file is what the engine tests, the benchmarks and operators read, so its keys are a contract: each one is
 checked by name and value here, with the rank of a ``torch.distributed`` group stood in by patching
@@ -162,21 +162,41 @@ class _Tree:
         return self.host
 
 
+class _Clock:
+    """Stands in for ``core.step``'s ``time`` module: ``perf_counter`` reads ``now``, which only the test moves (every
+    thread reads the same clock); every other function is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.perf_counter = lambda: self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
 @pytest.mark.parametrize("rank, asked, allowed", [(None, True, True), ((0, 2), True, False), (None, False, False)])
 def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allowed):
     """A job's time-limit permission is the caller's and the process's (TP ranks never), its forced flag says whether
-    forced drafts are on, its hand-over time lies inside the call; with the grammar thread the barrier runs in the
-    call, on the caller, and the native call on the named grammar thread."""
+    forced drafts are on; with the grammar thread the barrier runs in the call, on the caller, and the native call on
+    the named grammar thread. Its ``submit_s`` is what the call cost its caller, on a clock only the test moves (1000 s
+    pass before each call, the barrier takes 0.25 s, nothing else takes time): inline (forced drafts: the work,
+    barrier included, waits for finish_build) 0 s; with the grammar thread the barrier's 0.25 s, which is also the
+    job's advance time."""
     _rank(monkeypatch, rank)
+    clock = _Clock()
+    monkeypatch.setattr(step_mod, "time", clock)
     names = []
+
+    def barrier():
+        names.append(threading.current_thread().name)
+        clock.now += 0.25
+
     step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0, 0), pin_memory=False)
     try:
-        t0 = time.perf_counter()
-        job = step.start_build([], _Tree(), vocab_size=8, allow_timeout=asked,
-                               barrier=lambda: names.append(threading.current_thread().name))
-        call_s = time.perf_counter() - t0
+        clock.now += 1000.0
+        job = step.start_build([], _Tree(), vocab_size=8, allow_timeout=asked, barrier=barrier)
         assert job.allow_timeout is allowed and job.forced is True
-        assert 0.0 <= job.submit_s <= call_s
+        assert job.submit_s == 0.0
         assert job.future is None and names == []  # forced drafts: the work runs inline, in finish_build
         job2 = GrammarStep(mask_threads=1).start_build([], _Tree(), vocab_size=8)
         assert job2.forced is False and job2.future is None and job2.allow_timeout is (rank is None)
@@ -185,10 +205,11 @@ def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allo
     step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
     try:
         m = matcher("regex", 512)
-        job = step.start_build([MaskRequest(matcher=m)], _Tree(), vocab_size=512,
-                               barrier=lambda: names.append(threading.current_thread().name))
+        clock.now += 1000.0
+        job = step.start_build([MaskRequest(matcher=m)], _Tree(), vocab_size=512, barrier=barrier)
         assert names == [threading.current_thread().name] and job.future is not None
         assert job.future._thread.name.startswith("sglang-eo-grammar")
+        assert job.submit_s == 0.25 and job.advance_s == 0.25
         step.finish_build(job, device="cpu")
     finally:
         step.close()

@@ -6,8 +6,8 @@ xgrammar (0.2.1, and 0.2.7) compiles a JSON-schema string with ``maxLength``/``m
 JSON: ``json.loads`` rejects it. Seen on a GPU with temperature sampling (``{"city": ", 674 895\x11\x12\x13"}`` under
 ``maxLength: 12``); greedy CPU tests do not hit it. Not caused by the plugin: it masks exactly what xgrammar compiles.
 
-These tests use xgrammar alone (no SGLang, no model) and are written to FAIL once upstream fixes it, so the README's
-note (section "Known upstream limits") and the workaround get revisited instead of going stale.
+These tests use xgrammar alone (no SGLang, no model) and are written to FAIL once upstream fixes it, so the note in
+docs/troubleshooting.md ("Known upstream limits") and the workaround get revisited instead of going stale.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ PREFIX = '{"a": "'  # xgrammar's default separators with any_whitespace=False (w
 CONTROL = [chr(c) for c in range(0x20)]
 FIXED_BY_UPSTREAM = (
     f"xgrammar {XGRAMMAR} no longer admits raw control characters in maxLength strings: upstream fixed it. Update "
-    "the README (\"Known upstream limits\": which xgrammar versions are affected, the pattern workaround) and turn "
-    "this test into a check that the installed versions are fixed."
+    "docs/troubleshooting.md (\"Known upstream limits\": which xgrammar versions are affected, the pattern "
+    "workaround) and turn this test into a check that the installed versions are fixed."
 )
 
 
@@ -88,8 +88,9 @@ def test_max_length_still_bounds_the_length(compiler):
 
 
 def test_pattern_workaround_rejects_control_characters(compiler):
-    # The README's workaround: the same bound as a pattern whose class excludes U+0000-U+001F. Like xgrammar's own
-    # maxLength string it admits no escape sequences; measured no slower to compile or mask up to 128 characters.
+    # The workaround of docs/troubleshooting.md: the same bound as a pattern whose class excludes U+0000-U+001F. Like
+    # xgrammar's own maxLength string it admits no escape sequences; measured no slower to compile or mask up to 128
+    # characters.
     schema = _schema(pattern='^[^\\x00-\\x1f"\\\\]{0,12}$')
     assert [hex(ord(c)) for c in CONTROL if _admits(compiler, schema, PREFIX + "x" + c)] == []
     assert _admits(compiler, schema, PREFIX + "x" * 12) and not _admits(compiler, schema, PREFIX + "x" * 13)

@@ -265,7 +265,7 @@ def accept_tokens(rt: Runtime, req: Any, tokens: Any) -> List[int]:
 def accept_prefill_token(rt: Runtime, req: Any, next_token_id: int) -> None:
     """``_apply_prefill_grammar``: the token was appended already. ``grammar.finished`` mirrors ``req.finished()``.
 
-    Known difference from SGLang (documented in the README): the barrier may feed the first token before SGLang's
-    ``update_finish_state``, so a request whose very first token terminates the grammar finishes at prefill."""
+    Known difference from SGLang (documented in docs/compatibility.md): the barrier may feed the first token before
+    SGLang's ``update_finish_state``, so a request whose very first token terminates the grammar finishes at prefill."""
     accept_run(rt.step, req, len(req.output_ids) - 1, [int(next_token_id)])
     req.grammar.finished = req.finished()

@@ -26,7 +26,7 @@ objects).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 import torch
 from torch.types import Device
@@ -198,6 +198,10 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     result.grammar_advanced = True  # SGLang's barrier asks once per result; the runs below are fed exactly once
     step = rt.step
     reqs = batch.reqs
+    if is_decode:
+        # A decode batch is SGLang's running batch: every request that decodes. A prefill result names only the new
+        # requests, so the prune below keeps the running ones by this list (the rows of the latest decode result).
+        rt.running_keys = [str(row[0]) for row in rows]
 
     def done(outcomes: List[AdvanceOutcome]) -> None:
         # the run each request keeps, by batch row, in one pass (a rejection aborts its request alone)
@@ -207,12 +211,25 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
         if is_decode:
             result.grammar_retained_tokens = retained
         if finished or step.ledger_outgrows(len(rows)):  # else prune has nothing to do: no live-key list made
-            step.prune([row[0] for row in rows], finished)
+            step.prune(live_keys(rt, batch, rows, is_decode), finished)
 
     # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
     # tree walk, in one native call; here (post-processing, no build around) at once. SGLang reads
     # grammar_retained_tokens only after sampling, when the build has been joined.
     advance_rows_later(step, rows, runs, done, count_replays=True)
+
+
+def live_keys(rt: Runtime, batch: Any, rows: List[Any], is_decode: bool) -> Set[str]:
+    """The ledger keys the prune keeps for one result: its batch's constrained requests (also those whose run this
+    result does not commit: a chunk mid-prompt, a retracted one), and, for a prefill result, every request of the
+    latest decode result (the running batch: a prefill batch holds only the new requests, and pruning to it would
+    forget every decoding request's ledger entry, so its gap and conflict checks). Finished requests are forgotten
+    by the prune itself."""
+    live = {str(row[0]) for row in rows}
+    live.update(str(req.rid) for req in batch.reqs if getattr(req, "grammar", None) is not None)
+    if not is_decode:
+        live.update(rt.running_keys)
+    return live
 
 
 # -- the vendored patch's entry points --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Hook: ``sglang.srt.speculative.eagle_utils.eagle_sample`` (AROUND), as called by ``eagle_worker_common``.
 
-Why: grammar-forced drafts (issue 19) need the node each request accepted in this verify, and that is known only on
+Why: grammar-forced drafts need the node each request accepted in this verify, and that is known only on
 the device: ``eagle_sample`` returns it (``accept_index``) before ``run_eagle_verify`` compacts it for topk > 1.
 
 How: call the original untouched; for a batch with a grammar, hand its ``accept_index`` to

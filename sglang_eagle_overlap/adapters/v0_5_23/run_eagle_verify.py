@@ -1,6 +1,6 @@
 """Hook: ``sglang.srt.speculative.eagle_worker_common.run_eagle_verify`` (AROUND).
 
-Why: the grammar thread (issue 17) must start the step's grammar work -- SGLang's barrier (the previous batch's
+Why: the grammar thread must start the step's grammar work -- SGLang's barrier (the previous batch's
 accepted tokens into the matchers) and the tree mask -- *before* the target-verify launch, so that it runs while the
 forward does, off the scheduler thread. The earliest point that has the verify tree is ``GrammarTree.from_device``
 (REPLACEd by :class:`~.band.PluginGrammarTree`), but SGLang hands the batch and the barrier only to the later
@@ -38,12 +38,11 @@ def run_eagle_verify(original: Any, batch: Any, *args: Any, **kwargs: Any) -> An
     ctx = None if rt is None else band.hand_over_verify(rt, batch, kwargs.get("grammar_barrier"))
     if rt is None:
         return original(batch, *args, **kwargs)
-    # Grammar-forced drafts replace top-path drafts before eagle_prepare_for_verify makes them the target's input
-    # (a step without a grammar drops the previous step's picks).
-    band.before_verify(rt, batch, getattr(batch, "spec_info", None))
-    if ctx is None:
-        return original(batch, *args, **kwargs)
     try:
+        # Grammar-forced drafts replace top-path drafts before eagle_prepare_for_verify makes them the target's input
+        # (a step without a grammar drops the previous step's picks). Inside the try: if it raises, the context handed
+        # over above must not stay on the runtime for a later tree of another batch to pick up.
+        band.before_verify(rt, batch, getattr(batch, "spec_info", None))
         return original(batch, *args, **kwargs)
     finally:
         if rt.in_flight is ctx:

@@ -1,0 +1,112 @@
+"""0.5.23: the ledger's prune keeps every running request when a small (prefill) result arrives, and a failure of the
+verify hook's first step leaves no verify context behind.
+
+More than 64 constrained requests decode (the prune starts past 64 entries); then a prefill result for one new request
+arrives, whose batch holds that request alone. The decoding requests' ledger entries must survive it, so a later run
+that skips tokens is still caught as a gap (re-anchored and counted as a ledger reset)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_eo_dev.helpers.devices import verify_result
+from sglang_eo_dev.helpers.grammars import ensure_sglang_importable, sglang_grammar
+
+pytestmark = pytest.mark.sglang_0_5_23
+
+VOCAB = 32000
+RUNNING = 70  # past the prune's floor of 64 entries
+
+
+@pytest.fixture(autouse=True)
+def active_state():
+    ensure_sglang_importable()
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.settings import Settings
+
+    runtime.reset()
+    rt = runtime.create(Settings())
+    rt.active = True
+    yield rt
+    runtime.reset()
+
+
+def _req(rid: str, grammar, output_ids=()):
+    return SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output_ids), is_retracted=False,
+                           finished=lambda: False, inflight_middle_chunks=0, to_finish=None)
+
+
+def _batch(reqs, mode: str):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return SimpleNamespace(reqs=reqs, has_grammar=True, forward_mode=getattr(ForwardMode, mode))
+
+
+def _advance(result, batch):
+    from sglang_eagle_overlap.adapters.v0_5_23 import band
+    from sglang_eagle_overlap.integration import runtime
+
+    rt = runtime.active()
+    assert rt is not None
+    band.advance_grammar_fsm(rt, result, batch)
+
+
+def test_a_prefill_result_does_not_prune_the_running_requests(active_state):
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang_eo_dev.helpers.grammars import doc_tokens
+
+    doc = list(doc_tokens("nested", random.Random(0), VOCAB))
+    ledger = active_state.step.ledger
+    running = [_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
+    _advance(verify_result([doc[4:6]] * RUNNING, 4), _batch(running, "DECODE"))
+    assert len(ledger) == RUNNING and all(ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
+    for req in running:
+        req.output_ids += doc[4:6]
+
+    new = _req("n", sglang_grammar("nested", VOCAB))
+    _advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])), _batch([new], "EXTEND"))
+    assert "n" in ledger
+    assert all(f"a{i}" in ledger and ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
+    assert active_state.step.stats.counters["ledger_forgets"] == 0
+
+    # a run of a0 that would skip two tokens is still caught (the entry knows where its matcher is)
+    running[0].output_ids += doc[6:8]
+    _advance(verify_result([doc[8:9]] + [doc[6:7]] * (RUNNING - 1), 4), _batch(running, "DECODE"))
+    assert active_state.step.stats.counters["ledger_resets"] == 1
+
+
+def test_a_request_no_longer_running_is_pruned(active_state):
+    """The prune still bounds the ledger: requests in neither the result's batch nor the latest decode batch (they
+    left without a finished result the band saw) are forgotten once the ledger outgrows a few times the live ones."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang_eo_dev.helpers.grammars import doc_tokens
+
+    doc = list(doc_tokens("nested", random.Random(1), VOCAB))
+    ledger = active_state.step.ledger
+    running = [_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
+    _advance(verify_result([doc[4:5]] * RUNNING, 4), _batch(running, "DECODE"))
+    for req in running:
+        req.output_ids += doc[4:5]
+    running, gone = running[:10], running[10:]  # the others left the running batch (e.g. aborted while queued)
+    _advance(verify_result([doc[5:6]] * len(running), 4), _batch(running, "DECODE"))
+    _advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])),
+             _batch([_req("n", sglang_grammar("nested", VOCAB))], "EXTEND"))
+    assert all(r.rid not in ledger for r in gone) and all(r.rid in ledger for r in running) and "n" in ledger
+    assert active_state.step.stats.counters["ledger_forgets"] == len(gone)
+
+
+def test_a_failing_before_verify_leaves_no_verify_context(active_state, monkeypatch):
+    from sglang_eagle_overlap.adapters.v0_5_23 import band, run_eagle_verify
+
+    def broken(rt, batch, verify_input):
+        raise RuntimeError("forced drafts failed")
+
+    monkeypatch.setattr(band, "before_verify", broken)
+    batch = SimpleNamespace(has_grammar=True, spec_info=None, reqs=[])
+    with pytest.raises(RuntimeError, match="forced drafts failed"):
+        run_eagle_verify.run_eagle_verify(lambda *a, **k: None, batch, grammar_barrier=lambda: None)
+    assert active_state.in_flight is None  # a later tree of another batch cannot pick up this batch's barrier

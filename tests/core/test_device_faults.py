@@ -1,0 +1,145 @@
+"""A device error met by the grammar thread fails the step loudly (``DeviceFaultError``) instead of the Python
+rebuild that a grammar failure gets; every caller waiting on a step's runs is told even when one of them raises, and
+that error is raised after (also for a step abandoned by its verify). The device error is injected through the
+previous result's host-copy event, the first thing the grammar thread waits on."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, List
+
+import pytest
+import torch
+
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+from sglang_eagle_overlap.core.step import DeviceFaultError, is_device_fault
+from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.devices import result_runs
+from sglang_eo_dev.helpers.native import native
+
+VOCAB = 512
+N = 4
+
+
+class RaisingEvent:
+    """A host-copy event whose wait raises ``error`` (what a CUDA event's ``synchronize`` does on a device fault),
+    every time or the first ``times`` times."""
+
+    def __init__(self, error: BaseException, times: int = 1 << 30) -> None:
+        self.error = error
+        self.times = times
+
+    def synchronize(self) -> None:
+        if self.times > 0:
+            self.times -= 1
+            raise self.error
+
+
+def _docs(k: int) -> List[List[int]]:
+    rng = random.Random(7)
+    return [list(G.doc_tokens("nested", rng, VOCAB)) for _ in range(k)]
+
+
+def _tree(bs: int):
+    nxt = torch.tensor([[1, 2, 3, -1]] * bs, dtype=torch.int64)
+    return nxt, torch.full((bs, N), -1, dtype=torch.int64), torch.zeros(bs, N, dtype=torch.int64)
+
+
+def _start(step: GrammarStep, ready: Any, told: List[Any], on_done: Callable[[Any], None] = None):
+    """A grammar-thread job over two requests whose previous result (runs of two tokens) waits on ``ready``."""
+    docs = _docs(2)
+    ms = [G.matcher("nested", VOCAB) for _ in docs]
+    rows = [(f"r{i}", object(), 0, ms[i], i) for i in range(2)]
+    runs = result_runs([d[:2] for d in docs], ready=ready)
+    job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
+                           barrier=lambda: step.advance_later(rows, runs, on_done or told.append))
+    assert job.future is not None  # the thread's path: the event is waited on there
+    return job, ms, docs
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("CUDA error: an illegal memory access was encountered"),
+    RuntimeError("CUDA error: device-side assert triggered"),
+    torch.AcceleratorError("CUDA error: unspecified launch failure"),
+])
+def test_a_device_error_in_the_grammar_thread_fails_the_step(error):
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+    told: List[Any] = []
+    try:
+        job, _, docs = _start(step, RaisingEvent(error), told)
+        with pytest.raises(DeviceFaultError, match="device failed") as got:
+            step.finish_build(job, device="cpu")
+        assert got.value.__cause__ is error
+        # the queued runs' tokens are behind the failed event: not fed, never fed twice
+        assert told == [] and step.ledger.tokens_fed == 0
+    finally:
+        step.close()
+
+
+def test_a_grammar_failure_in_the_grammar_thread_still_falls_back_to_python():
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+    told: List[Any] = []
+    try:
+        job, ms, docs = _start(step, RaisingEvent(ValueError("bad grammar state"), times=1), told)
+        out = step.finish_build(job, device="cpu")  # rebuilt request by request, no error raised
+        assert out.tree.failed == [] and len(told) == 1 and step.ledger.tokens_fed == 4
+    finally:
+        step.close()
+
+
+def test_a_device_error_of_an_abandoned_step_is_raised_by_the_next_use():
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+    told: List[Any] = []
+    try:
+        _start(step, RaisingEvent(RuntimeError("CUDA error: device-side assert triggered")), told)
+        # the verify raised: no finish_build; the next ledger use settles the job
+        with pytest.raises(DeviceFaultError):
+            step.was_advanced("r0", 0)
+        assert step.ledger.tokens_fed == 0 and step._open is None  # settled: the next use does not raise again
+        assert not step.was_advanced("r0", 0)
+    finally:
+        step.close()
+
+
+@pytest.mark.parametrize("abandoned", [False, True])
+def test_every_waiting_caller_is_told_when_one_raises_and_the_error_follows(abandoned):
+    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+    told: List[Any] = []
+    docs = _docs(2)
+    ms = [G.matcher("nested", VOCAB) for _ in docs]
+
+    def first(outcomes: Any) -> None:
+        told.append(("first", outcomes))
+        raise KeyError("the host's bookkeeping failed")
+
+    def barrier() -> None:
+        step.advance_later([("r0", object(), 0, ms[0], 0)], result_runs([docs[0][:2]]), first)
+        step.advance_later([("r1", object(), 0, ms[1], 0)], result_runs([docs[1][:2]]),
+                           lambda o: told.append(("second", o)))
+
+    try:
+        job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
+                               barrier=barrier)
+        with pytest.raises(KeyError, match="bookkeeping"):
+            if abandoned:
+                step.was_advanced("r0", 0)  # settles the job its verify left behind
+            else:
+                step.finish_build(job, device="cpu")
+        assert [name for name, _ in told] == ["first", "second"]
+        assert told[1][1][0].retained == tuple(docs[1][:2]) and step.ledger.tokens_fed == 4
+    finally:
+        step.close()
+
+
+def test_device_errors_are_told_from_grammar_errors():
+    assert is_device_fault(RuntimeError("CUDA error: out of memory"))
+    assert is_device_fault(torch.AcceleratorError("anything"))
+    try:
+        try:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        except RuntimeError as inner:
+            raise ValueError("while waiting for the tree") from inner
+    except ValueError as outer:
+        assert is_device_fault(outer)  # found through the cause chain
+    assert not is_device_fault(ValueError("token 17 rejected"))
+    assert not is_device_fault(RuntimeError("native walk failed: w2: matcher raised"))
