@@ -4,12 +4,13 @@ the demo prints are the ones README.md and docs/benchmarks.md quote."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
+
+from tests.test_demo import load_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")])
@@ -109,15 +110,8 @@ def test_readme_is_short():
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
 
 
-def _demo():
-    spec = importlib.util.spec_from_file_location("sglang_eo_demo_figures", ROOT / "scripts" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_demo_quotes_the_gpu_figures_of_the_benchmarks_page():
-    demo = _demo()
+    demo = load_demo()
     figures = (demo.GPU_STOCK_OVER_PLUGIN, demo.GPU_PLUGIN_OVER_UNCONSTRAINED)
     words = "\n".join(demo.explanation([], gpu=False))
     for figure in figures:

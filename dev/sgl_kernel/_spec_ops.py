@@ -1,4 +1,5 @@
-"""Plain-torch versions of the ``*_cpu`` bookkeeping ops SGLang's EAGLE v2 path calls on CPU.
+"""Plain-torch versions of the ``*_cpu`` bookkeeping ops SGLang's EAGLE v2 path calls on CPU, and of the sampling
+verify op (:func:`tree_speculative_sampling_target_only`) SGLang calls on a GPU only.
 
 Each function mirrors the contract of SGLang's own Triton kernel for the same job (read at the caller named in its
 docstring); tensors marked "written" are updated in place, exactly as the native ops do. Loops run over the batch in
@@ -22,6 +23,9 @@ __all__ = [
     "copy_all_layer_kv_cache_cpu",
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",
+    "top_k_renorm_prob",
+    "top_p_renorm_prob",
+    "tree_speculative_sampling_target_only",
     "verify_tree_greedy_cpu",
 ]
 
@@ -322,3 +326,163 @@ def verify_tree_greedy_cpu(
                 break
         accept_token_num.view(-1)[b] = num
         pred_flat[last] = int(target[last])
+
+
+# --- sampling verify ---------------------------------------------------------------------------------------------
+#
+# SGLang verifies on CPU greedily whatever the temperature (``eagle_utils``: ``_is_cpu`` routes to
+# ``verify_tree_greedy``), and has no CPU ``tree_speculative_sampling_target_only``. The op below is a plain-torch
+# port of the CUDA kernel's algorithm (sgl-kernel ``speculative_sampling.cuh``, TreeSpeculativeSamplingTargetOnly),
+# written from its description, so the CPU runtime can take SGLang's sampling path
+# (:mod:`sglang_eo_dev.cpu_runtime.spec_sampling` switches it on).
+
+
+@_kernel
+def tree_speculative_sampling_target_only(
+    predicts: torch.Tensor,  # written
+    accept_index: torch.Tensor,  # written
+    accept_token_num: torch.Tensor,  # written
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,  # written (rejected drafts' target probability)
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    deterministic: bool = True,
+) -> None:
+    """Target-only speculative sampling over the verify tree (callers: ``eagle_utils.eagle_sample`` on both bands).
+
+    Per request ``b`` (``D`` tree nodes, ``S = accept_index.shape[1]`` = tree depth + 1, ``target_probs[b, i]`` the
+    target's distribution after node ``i``, temperature and grammar mask already applied):
+
+    1. the walk starts at the root with coin ``u = uniform_samples[b, 0]`` and ``acc = 0``;
+    2. the children of the current node are tried in sibling order; child ``c`` with draft token ``x`` adds
+       ``t = target_probs[b, cur, x]`` to ``acc`` and is accepted when ``u <= acc / threshold_acc`` or
+       ``t >= threshold_single``. Accepting moves to ``c`` (its retrieve index is appended to ``accept_index[b]``,
+       ``predicts`` of the previous node gets ``x``), resets ``acc`` and draws the next coin ``uniform_samples[b, c]``.
+       A rejected child records ``draft_probs[b, cur, x] = t``, so the final draw cannot pick it again;
+    3. the walk stops at the first node whose children are all rejected (or at depth ``S - 1``);
+    4. the bonus token at the last accepted node is drawn by inverse CDF with ``uniform_samples_for_final_sampling[b]``
+       from ``relu(target_probs[b, cur] - draft_probs[b, cur])`` (``draft_probs`` taken as zero when the walk reached
+       depth ``S - 1``); ``predicts[last]`` gets it and ``accept_token_num[b]`` the number of accepted drafts.
+
+    With the default thresholds (1, 1) and distinct siblings, one shared coin per node makes the accepted child, or
+    the bonus token drawn from what is left, distributed exactly as ``target_probs[b, cur]``: the output follows the
+    target's law whatever the drafts are. Like the kernel, an empty residual (every token of positive probability
+    was a rejected draft, possible only through float rounding at a node with one allowed token) yields token
+    ``vocab - 1``.
+    """
+    _tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                   retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                   draft_probs, float(threshold_single), float(threshold_acc))
+
+
+def _tree_sampling(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    threshold_single: float,
+    threshold_acc: float,
+    accept_probs: Optional[torch.Tensor] = None,
+    resample_empty_residual: bool = False,
+) -> None:
+    """The walk of :func:`tree_speculative_sampling_target_only`.
+
+    Two TEST ONLY departures, used by :mod:`sglang_eo_dev.cpu_runtime.spec_sampling`'s deliberately biased verifier
+    and never by the op: ``accept_probs`` (same shape as ``target_probs``) replaces ``target_probs`` in the accept
+    test of step 2 only; ``resample_empty_residual`` draws the bonus token from ``target_probs[b, cur]`` when the
+    residual of step 4 is empty instead of returning ``vocab - 1``.
+    """
+    bs, D = candidates.shape[0], candidates.shape[1]
+    S = accept_index.shape[1]
+    V = target_probs.shape[-1]
+    probs = target_probs.reshape(bs, D, V)
+    tests = probs if accept_probs is None else accept_probs.reshape(bs, D, V)
+    rejected = draft_probs.view(bs, D, V)
+    cand = candidates.reshape(bs, D).tolist()
+    rindex = retrive_index.reshape(bs, D).tolist()
+    rnext = retrive_next_token.reshape(bs, D).tolist()
+    rsib = retrive_next_sibling.reshape(bs, D).tolist()
+    coins = uniform_samples.reshape(bs, D).tolist()
+    final_coins = uniform_samples_for_final_sampling.reshape(-1).tolist()
+    pred_flat = predicts.view(-1)
+    acc_out = accept_index.view(bs, S)
+    for b in range(bs):
+        node = 0  # the node whose target distribution the walk is at
+        coin = float(coins[b][0])
+        prob_acc = 0.0
+        last = int(rindex[b][0])
+        acc_out[b, 0] = last
+        num = 0
+        cur = 0
+        for _ in range(1, S):
+            cur = int(rnext[b][cur])
+            while cur != -1:
+                token = int(cand[b][cur])
+                single = float(tests[b, node, token])
+                prob_acc += single
+                if coin <= prob_acc / threshold_acc or single >= threshold_single:
+                    prob_acc = 0.0
+                    node = cur
+                    coin = float(coins[b][cur])
+                    pred_flat[last] = token
+                    num += 1
+                    last = int(rindex[b][cur])
+                    acc_out[b, num] = last
+                    break
+                rejected[b, node, token] = probs[b, node, token]
+                cur = int(rsib[b][cur])
+            if cur == -1:
+                break
+        accept_token_num.view(-1)[b] = num
+        q = probs[b, node].to(torch.float32)
+        residual = q if num == S - 1 else torch.clamp(q - rejected[b, node].to(torch.float32), min=0.0)
+        total = float(residual.sum())
+        if total <= 0.0 and resample_empty_residual:
+            residual, total = q, float(q.sum())
+        u = float(final_coins[b]) * total
+        above = torch.nonzero(torch.cumsum(residual, dim=0) > u)
+        pred_flat[last] = int(above[0, 0]) if above.numel() else V - 1
+
+
+@_kernel
+def top_k_renorm_prob(probs: torch.Tensor, top_k: Any) -> torch.Tensor:
+    """Keep each row's ``top_k`` largest probabilities (ties at the k-th value kept), renormalised (0.5.16 imports it
+    with the sampling verify op; used when a request sets ``top_k``)."""
+    rows = probs.shape[0]
+    ks = top_k.reshape(-1).tolist() if isinstance(top_k, torch.Tensor) else [int(top_k)] * rows
+    out = probs.clone()
+    for r, k in enumerate(ks):
+        k = int(k)
+        if 0 < k < probs.shape[-1]:
+            kth = torch.topk(probs[r], k).values[-1]
+            out[r][probs[r] < kth] = 0.0
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+@_kernel
+def top_p_renorm_prob(probs: torch.Tensor, top_p: Any) -> torch.Tensor:
+    """Keep each row's smallest set of most likely tokens whose mass reaches ``top_p``, renormalised."""
+    rows = probs.shape[0]
+    ps = top_p.reshape(-1).tolist() if isinstance(top_p, torch.Tensor) else [float(top_p)] * rows
+    out = probs.clone()
+    for r, p in enumerate(ps):
+        if float(p) >= 1.0:
+            continue
+        sorted_p, order = torch.sort(probs[r], descending=True)
+        before = torch.cumsum(sorted_p, dim=0) - sorted_p  # mass strictly above each token
+        drop = order[before >= float(p)]
+        out[r][drop] = 0.0
+    return out / out.sum(dim=-1, keepdim=True)

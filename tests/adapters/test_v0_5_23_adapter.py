@@ -19,29 +19,12 @@ import pytest
 import torch
 
 from sglang_eo_dev.helpers.devices import verify_result
-from sglang_eo_dev.helpers.grammars import ensure_sglang_importable, sglang_grammar
+from sglang_eo_dev.helpers.grammars import sglang_grammar
+from tests.adapters.v0_5_23_state import active_state, stand_in_req  # noqa: F401 - active_state is a fixture
 
-pytestmark = pytest.mark.sglang_0_5_23
+pytestmark = [pytest.mark.sglang_0_5_23, pytest.mark.usefixtures("active_state")]
 
 VOCAB = 32000
-
-
-@pytest.fixture(autouse=True)
-def active_state():
-    ensure_sglang_importable()
-    from sglang_eagle_overlap.integration import runtime
-    from sglang_eagle_overlap.settings import Settings
-
-    runtime.reset()
-    rt = runtime.create(Settings())
-    rt.active = True
-    yield rt
-    runtime.reset()
-
-
-def _req(rid: str, grammar, output_ids=(), finished=False, retracted=False, chunks=0):
-    return SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output_ids), is_retracted=retracted,
-                           finished=lambda: finished, inflight_middle_chunks=chunks, to_finish=None)
 
 
 def _doc(seed=0):
@@ -87,24 +70,24 @@ def test_advance_matches_upstream(case):
     def scenario():
         # Fresh grammars/requests for each side; returns (reqs, runs).
         if case == "normal":
-            reqs = [_req("a", sglang_grammar("nested", VOCAB, doc[:5]), doc[:5]),
-                    _req("b", sglang_grammar("nested", VOCAB, doc[:2]), doc[:2])]
+            reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB, doc[:5]), doc[:5]),
+                    stand_in_req("b", sglang_grammar("nested", VOCAB, doc[:2]), doc[:2])]
             return reqs, [doc[5:8], doc[2:4]]
         if case == "terminates_mid_run":
             k = len(doc) - 2  # the run contains the last token + EOS, then two junk tokens
-            reqs = [_req("a", sglang_grammar("nested", VOCAB, doc[:k]), doc[:k])]
+            reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB, doc[:k]), doc[:k])]
             return reqs, [doc[k:] + [5, 6]]
         if case == "already_terminated":
-            reqs = [_req("a", sglang_grammar("nested", VOCAB, doc), doc)]
+            reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB, doc), doc)]
             return reqs, [[7, 8]]
         if case == "rejected":
-            reqs = [_req("a", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3])]
+            reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3])]
             bad = next(t for t in range(1, VOCAB) if not _allows(reqs[0].grammar, t))
             return reqs, [[doc[3], bad, doc[4]]]
         # skips: finished and retracted requests are untouched
-        reqs = [_req("a", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3], finished=True),
-                _req("b", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3], retracted=True),
-                _req("c", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3])]
+        reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3], finished=True),
+                stand_in_req("b", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3], retracted=True),
+                stand_in_req("c", sglang_grammar("nested", VOCAB, doc[:3]), doc[:3])]
         return reqs, [doc[3:5], doc[3:5], doc[3:6]]
 
     up_reqs, runs = scenario()
@@ -136,8 +119,8 @@ def _allows(grammar, tok) -> bool:
 
 def test_extend_advances_prefill_token_and_skips_inflight_chunks():
     doc = _doc()
-    reqs = [_req("a", sglang_grammar("nested", VOCAB)), _req("b", sglang_grammar("nested", VOCAB), chunks=1),
-            _req("c", None)]
+    reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB)), stand_in_req("b", sglang_grammar("nested", VOCAB), chunks=1),
+            stand_in_req("c", None)]
     from sglang.srt.managers.utils import GenerationBatchResult
 
     res = GenerationBatchResult(next_token_ids=torch.tensor([doc[0], doc[0], 9]))
@@ -149,7 +132,7 @@ def test_extend_advances_prefill_token_and_skips_inflight_chunks():
 
 def test_advance_is_exactly_once_across_barrier_and_result_processor(active_state):
     doc = _doc()
-    req = _req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
+    req = stand_in_req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
     res = verify_result([doc[4:7]], 4)
     _ours_advance(res, _batch([req]))  # the barrier, inside the next verify
     _ours_advance(res, _batch([req]))  # the result processor: flag set, nothing happens
@@ -165,8 +148,8 @@ def test_a_finished_request_is_forgotten_by_the_ledger_and_the_live_ones_are_kep
     without pruning the live ones of a batch that is small against the ledger."""
     doc = _doc()
     ledger = active_state.step.ledger
-    a = _req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
-    b = _req("b", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
+    a = stand_in_req("a", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
+    b = stand_in_req("b", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4])
     _ours_advance(verify_result([doc[4:6], doc[4:5]], 4), _batch([a, b]))
     assert "a" in ledger and "b" in ledger
     a.finished = lambda: True  # a finished with that run; b goes on
@@ -197,7 +180,7 @@ def _tree_batch(seed, bs, topk, steps):
         doc = _doc(seed * 100 + i)
         k = rng.randrange(1, len(doc) - 1)
         g = sglang_grammar("nested", VOCAB, doc[:k])
-        reqs.append(_req(f"r{i}", g, doc[:k]))
+        reqs.append(stand_in_req(f"r{i}", g, doc[:k]))
         trees.append(eagle_tree(rng, topk, steps, n, doc[k:], VOCAB, matcher=g.matcher))
     return reqs, stack_trees(trees), n
 
@@ -211,7 +194,7 @@ def test_mask_equals_upstream_generate_token_bitmask(topk, steps):
 
     for seed in range(3):
         reqs, (nxt, sib, tok), n = _tree_batch(seed, 3, topk, steps)
-        reqs.append(_req("free", None))  # an unconstrained row
+        reqs.append(stand_in_req("free", None))  # an unconstrained row
         nxt = torch.cat([nxt, torch.full((1, n), -1)]); sib = torch.cat([sib, torch.full((1, n), -1)])
         tok = torch.cat([tok, torch.zeros((1, n), dtype=torch.int64)])
         before = [list(r.grammar.accepted_tokens) for r in reqs if r.grammar is not None]

@@ -24,7 +24,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.adapters.test_v0_5_23_adapter import VOCAB, _batch, _ours_advance, _req, active_state  # noqa: F401
+from tests.adapters.test_v0_5_23_adapter import VOCAB, _batch, _ours_advance
+from tests.adapters.v0_5_23_state import active_state, stand_in_req  # noqa: F401 - active_state is a fixture
 from sglang_eo_dev.helpers.devices import verify_result
 from sglang_eo_dev.helpers.grammars import ensure_sglang_importable
 
@@ -77,7 +78,7 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
 
     rng = random.Random(0)
     n = 7
-    req = _req("long", grammar)
+    req = stand_in_req("long", grammar)
     # Prefill: the first token is committed by the extend result.
     from sglang.srt.managers.utils import GenerationBatchResult
 

@@ -14,30 +14,13 @@ import pytest
 import torch
 
 from sglang_eo_dev.helpers.devices import verify_result
-from sglang_eo_dev.helpers.grammars import ensure_sglang_importable, sglang_grammar
+from sglang_eo_dev.helpers.grammars import sglang_grammar
+from tests.adapters.v0_5_23_state import active_state, stand_in_req  # noqa: F401 - active_state is a fixture
 
-pytestmark = pytest.mark.sglang_0_5_23
+pytestmark = [pytest.mark.sglang_0_5_23, pytest.mark.usefixtures("active_state")]
 
 VOCAB = 32000
 RUNNING = 70  # past the prune's floor of 64 entries
-
-
-@pytest.fixture(autouse=True)
-def active_state():
-    ensure_sglang_importable()
-    from sglang_eagle_overlap.integration import runtime
-    from sglang_eagle_overlap.settings import Settings
-
-    runtime.reset()
-    rt = runtime.create(Settings())
-    rt.active = True
-    yield rt
-    runtime.reset()
-
-
-def _req(rid: str, grammar, output_ids=()):
-    return SimpleNamespace(rid=rid, grammar=grammar, output_ids=list(output_ids), is_retracted=False,
-                           finished=lambda: False, inflight_middle_chunks=0, to_finish=None)
 
 
 def _batch(reqs, mode: str):
@@ -61,13 +44,13 @@ def test_a_prefill_result_does_not_prune_the_running_requests(active_state):
 
     doc = list(doc_tokens("nested", random.Random(0), VOCAB))
     ledger = active_state.step.ledger
-    running = [_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
+    running = [stand_in_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
     _advance(verify_result([doc[4:6]] * RUNNING, 4), _batch(running, "DECODE"))
     assert len(ledger) == RUNNING and all(ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
     for req in running:
         req.output_ids += doc[4:6]
 
-    new = _req("n", sglang_grammar("nested", VOCAB))
+    new = stand_in_req("n", sglang_grammar("nested", VOCAB))
     _advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])), _batch([new], "EXTEND"))
     assert "n" in ledger
     assert all(f"a{i}" in ledger and ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
@@ -87,14 +70,14 @@ def test_a_request_no_longer_running_is_pruned(active_state):
 
     doc = list(doc_tokens("nested", random.Random(1), VOCAB))
     ledger = active_state.step.ledger
-    running = [_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
+    running = [stand_in_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
     _advance(verify_result([doc[4:5]] * RUNNING, 4), _batch(running, "DECODE"))
     for req in running:
         req.output_ids += doc[4:5]
     running, gone = running[:10], running[10:]  # the others left the running batch (e.g. aborted while queued)
     _advance(verify_result([doc[5:6]] * len(running), 4), _batch(running, "DECODE"))
     _advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])),
-             _batch([_req("n", sglang_grammar("nested", VOCAB))], "EXTEND"))
+             _batch([stand_in_req("n", sglang_grammar("nested", VOCAB))], "EXTEND"))
     assert all(r.rid not in ledger for r in gone) and all(r.rid in ledger for r in running) and "n" in ledger
     assert active_state.step.stats.counters["ledger_forgets"] == len(gone)
 

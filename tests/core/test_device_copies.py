@@ -20,6 +20,7 @@ from sglang_eagle_overlap.core import tree_copy
 from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts
 from sglang_eagle_overlap.core.mask import neutralize_timed_out_drafts
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier
+from sglang_eo_dev.helpers.devices import FlagEvent
 
 META = torch.device("meta")
 
@@ -69,24 +70,6 @@ def test_neutralise_stages_the_timed_out_rows_through_pinned_memory(pinned):
     host = torch.arange(12, dtype=torch.int64)
     neutralize_timed_out_drafts(host, [1], 4)  # on the CPU: indexed in place, nothing pinned
     assert pinned == [((2,), torch.long)] and host.view(3, 4)[1, 1:].tolist() == [-1, -1, -1]
-
-
-class FlagEvent:
-    """A stand-in CUDA event: ``query`` is whatever the test says; ``synchronize`` completes it."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.waits = 0
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.waits += 1
-        self.done = True
 
 
 class StandInStreams:

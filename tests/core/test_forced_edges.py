@@ -11,6 +11,7 @@ import torch
 
 from sglang_eagle_overlap.core import forced as forced_mod
 from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives, stable_tokens
+from sglang_eo_dev.helpers.devices import FlagEvent
 from tests.core.test_forced_drafts import CLOSE, K, KE, KEY, OPEN, Q, QCOLON, tiny_decode, tiny_encode
 
 
@@ -424,23 +425,6 @@ def test_no_prefix_longer_than_sixteen_characters_is_tokenized():
     assert max(len(t) for t in seen) == 16
 
 
-class _Event:
-    """A stand-in device event: never done by itself; ``synchronize`` (a wait) completes it."""
-
-    def __init__(self) -> None:
-        self.done, self.waits = False, 0
-
-    def record(self, stream=None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.waits += 1
-        self.done = True
-
-
 def test_four_counter_copies_may_be_in_flight_and_the_fifth_waits_for_the_oldest(monkeypatch):
     """On a device the counters reach the host by copies that are read only once complete. Up to four may be in
     flight without any wait; the fifth step's copy waits for the oldest (long done on a real device), whose counts
@@ -448,11 +432,11 @@ def test_four_counter_copies_may_be_in_flight_and_the_fifth_waits_for_the_oldest
     from sglang_eagle_overlap.core import tree_copy
 
     monkeypatch.setattr(tree_copy, "pinned_host", lambda shape, dtype: torch.empty(shape, dtype=dtype))
-    events: List[_Event] = []
+    events: List[FlagEvent] = []
 
     class Streams:
-        def Event(self) -> _Event:  # noqa: N802 - torch.cuda's name
-            events.append(_Event())
+        def Event(self) -> FlagEvent:  # noqa: N802 - torch.cuda's name
+            events.append(FlagEvent())
             return events[-1]
 
     f = ForcedDrafts(width=4)

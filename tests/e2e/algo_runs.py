@@ -1,4 +1,4 @@
-"""One run per engine configuration, shared by the speculative-algorithm engine tests (issue #14).
+"""One run per engine configuration, shared by the speculative-algorithm engine tests.
 
 ``test_algorithms``, ``test_reasoning_grammar``, ``test_logprobs`` and ``test_mixed_grammar_kinds`` all read the
 results of :func:`run`: each configuration (algorithm x plugin on/off, plus the non-speculative baselines) is started

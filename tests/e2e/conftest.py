@@ -28,13 +28,13 @@ MODULE_ORDER = (
     "test_spec_equivalence",
     "test_grammar_follower",
     "test_plugin_equivalence",
-    "test_tp",  # issue #21: TP 2 engines; reuses test_plugin_equivalence's TP 1 baseline from the pool
-    # issue #14: these four share one engine per configuration through algo_runs (results cached in the pool)
+    "test_tp",  # TP 2 engines; reuses test_plugin_equivalence's TP 1 baseline from the pool
+    # the speculative-algorithm tests: these four share one engine per configuration through algo_runs (results cached in the pool)
     "test_algorithms",
     "test_reasoning_grammar",
     "test_logprobs",
     "test_mixed_grammar_kinds",
-    # issue #18: the real pair (SmolLM2-135M-Instruct + trained EAGLE3 draft), 4 engines per version
+    # the real pair (SmolLM2-135M-Instruct + trained EAGLE3 draft), 4 engines per version
     "test_real_model",
     "test_server",
     "test_operator_metrics_server",

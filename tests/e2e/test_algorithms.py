@@ -1,5 +1,5 @@
-"""Every speculative algorithm SGLang runs with the overlap scheduler: what the plugin does with its grammar batches
-(issue #14), checked against the support table in ``sglang_eagle_overlap/support.py`` on the real engine.
+"""Every speculative algorithm SGLang runs with the overlap scheduler: what the plugin does with its grammar batches,
+checked against the support table in ``sglang_eagle_overlap/support.py`` on the real engine.
 
 Per algorithm (EAGLE with an EAGLE-2 draft, NEXTN with a MiMo MTP layer, STANDALONE with a small Llama draft, NGRAM),
 with the plugin on and off (``SGLANG_EAGLE_OVERLAP=0``): greedy output token-identical to non-speculative greedy

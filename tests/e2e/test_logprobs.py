@@ -1,4 +1,4 @@
-"""Logprobs on constrained speculative requests (issue #14): ``return_logprob`` with ``top_logprobs_num`` on JSON-schema
+"""Logprobs on constrained speculative requests: ``return_logprob`` with ``top_logprobs_num`` on JSON-schema
 and regex requests (and an unconstrained one beside them) are the same with the plugin on and off, for every
 speculative algorithm, and the returned tokens are non-speculative greedy decoding's. Engines are shared with
 ``test_algorithms`` through ``algo_runs``.

@@ -1,5 +1,5 @@
 """EBNF, regex, structural-tag (tool call) and JSON-schema requests next to an unconstrained one in one batch, for every
-speculative algorithm, plugin on and off (issue #14): each output conforms to its own grammar and finishes by the
+speculative algorithm, plugin on and off: each output conforms to its own grammar and finishes by the
 grammar's end (token identity with non-speculative greedy is checked by ``test_algorithms``, on the same runs).
 """
 

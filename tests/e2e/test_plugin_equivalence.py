@@ -1,6 +1,6 @@
 """Every supported SGLang + the product plugin: greedy EAGLE3 under the overlap scheduler is token-identical with the
 plugin on, with it off (``SGLANG_EAGLE_OVERLAP=0``) and without speculation, for JSON-schema / regex / EBNF / mixed
-batches (issues #4 and #5).
+batches.
 
 Overlap: with the plugin, no grammar decode batch runs with overlap disabled on either version (the CPU runtime counts
 the scheduler's final decision). Without it, 0.5.16 forces every grammar decode batch out of overlap

@@ -1,4 +1,4 @@
-"""The real pair on the CPU engine: SmolLM2-135M-Instruct + its locally trained EAGLE3 draft (issue #18).
+"""The real pair on the CPU engine: SmolLM2-135M-Instruct + its locally trained EAGLE3 draft.
 
 What a real byte-level BPE vocabulary and a real model bring that the toy pairs cannot: tokens spanning JSON structure
 (``"}``, ``":``), drafts accepted at a real model's rate, grammar-forced structure drafted right or wrong.
@@ -12,7 +12,7 @@ What a real byte-level BPE vocabulary and a real model bring that the toy pairs 
 * the forced-sync count: with the plugin no grammar decode batch leaves the overlap; without it 0.5.16 forces every
   one out and 0.5.23 none (as in ``test_plugin_equivalence``);
 * the drafts are really accepted (more than one token per verify step on the constrained batch);
-* with the plugin, grammar-forced drafts (issue 19) are switched on and do replace drafts the draft model proposed
+* with the plugin, grammar-forced drafts are switched on and do replace drafts the draft model proposed
   (some accepted): the identity above holds with them.
 
 Engine starts per SGLang version: 4 (non-speculative, topk1 plugin on, topk1 plugin off, topk4 plugin on), all
@@ -125,7 +125,7 @@ def _run(engine_pool, cfg: EngineConfig, sampling: bool = False):
 
 
 def _cfg(spec, plugin: bool) -> EngineConfig:
-    # With the plugin, grammar-forced drafts (issue 19) on whatever the default: identity is checked with them.
+    # With the plugin, grammar-forced drafts on whatever the default: identity is checked with them.
     return EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=plugin,
                         forced_drafts=True if plugin and spec is not None else None)
 

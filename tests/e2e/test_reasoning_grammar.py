@@ -1,4 +1,4 @@
-"""Reasoning then structure with speculative decoding (issue #14): ``--reasoning-parser deepseek-r1`` and
+"""Reasoning then structure with speculative decoding: ``--reasoning-parser deepseek-r1`` and
 ``require_reasoning``, so each request's grammar starts right after ``</think>``.
 
 The think-follower models write ``I see</think>\\n{"title": ...}``: unconstrained, a newline follows ``</think>``.

@@ -1,4 +1,4 @@
-"""Tensor parallelism (issue #21): the plugin at TP 2 on the real engine, every supported SGLang.
+"""Tensor parallelism: the plugin at TP 2 on the real engine, every supported SGLang.
 
 SGLang runs one scheduler process per TP rank; each compiles its requests' grammars, builds its own tree mask and
 advances its own matchers. On CPU the ranks all-reduce over gloo (``engine.py``: ``tp_size``). Follower pair, EAGLE3

@@ -20,8 +20,7 @@ fault:
   - ``eo-fault-matcher-slow``: ``accept_token`` sleeps :data:`SLOW_FILL_S`, so the lockstep rounds pass the deadline.
 
 * ``eo-fault-rank1-slow``: ``eo-fault-slow``, but only in the scheduler of tensor-parallel rank 1 (``torch.distributed``
-  rank): one rank slower than the others, as when its core is busy (issue #21: the ranks must still build the same
-  mask).
+  rank): one rank slower than the others, as when its core is busy (the ranks must still build the same mask).
 
 How: an AROUND hook on the product plugin's ``integration.requests.mask_request_for`` (the Req -> mask input mapping,
 the only place the plugin picks a request's grammar for the mask build) swaps the mask input. The request's own grammar

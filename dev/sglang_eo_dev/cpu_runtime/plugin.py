@@ -18,6 +18,8 @@ Every adjustment below is a workaround for running on CPU, not product behaviour
 * counters of the scheduler's overlap decisions for grammar decode batches and of SGLang's idle memory-leak checks
   (:mod:`.stats`);
 * tests only (``SGLANG_EO_FAULTS=1``): faults injected into the plugin's tree-mask build (:mod:`.faults`).
+* tests only (``SGLANG_EO_SPEC_SAMPLING=1``): SGLang's sampling verify instead of its CPU greedy-only verify, and a
+  deliberately biased verifier for marked requests (:mod:`.spec_sampling`);
 * benchmarks only (``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE``): overlap-timeline stamps (:mod:`.timeline_probe`).
 * benchmarks only (``SGLANG_EO_STEP_TIMES_FILE``): per-decode-step wall and grammar time (:mod:`.step_times`).
 
@@ -131,6 +133,14 @@ def load() -> None:
         stats.record_abort_request,
         HookType.AFTER,
         "record the rids the scheduler is asked to abort (stats: abort_requests)",
+    )
+    from sglang_eo_dev.cpu_runtime import ledger_probe
+
+    reg(
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode",
+        ledger_probe.record_retraction,
+        HookType.AFTER,
+        "count the requests SGLang retracts when the KV pool is full (stats: retracted_*)",
     )
     from sglang_eo_dev.cpu_runtime import faults
 
@@ -255,9 +265,16 @@ def _after_scheduler_init(result: Any, scheduler: Any, *args: Any, **kwargs: Any
 
     timeline_probe.install(scheduler, sglang_version())  # no-op without SGLANG_EAGLE_OVERLAP_TIMELINE_FILE
     _count_final_overlap_decisions(scheduler)
+    from sglang_eo_dev.cpu_runtime import ledger_probe
+
+    ledger_probe.install(scheduler)  # retraction and ledger evidence for the constrained stress tests
     from sglang_eo_dev.cpu_runtime import step_times
 
     step_times.install(scheduler, sglang_version())  # no-op without SGLANG_EO_STEP_TIMES_FILE (benchmarks)
+    from sglang_eo_dev.cpu_runtime import spec_sampling
+
+    if os.environ.get(spec_sampling.ENV_FLAG) == "1":  # after every plugin's hooks: see spec_sampling.install
+        spec_sampling.install()
     return None
 
 

@@ -21,10 +21,10 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["STATS_ENV", "count", "count_idle_memory_check", "record_abort_request", "count_overlap_decision",
-           "read_rank_stats", "read_stats", "record_error", "mark_scheduler_started"]
+           "read_rank_stats", "read_stats", "record_error", "mark_scheduler_started", "peek", "update"]
 
 STATS_ENV = "SGLANG_EO_STATS_FILE"
 
@@ -41,6 +41,12 @@ _state: dict[str, Any] = {
     "faults_raised": 0,
     "faults_slow_fills": 0,
     "abort_requests": [],
+    # written by .ledger_probe (constrained stress tests)
+    "retracted_requests": 0,
+    "retracted_constrained": 0,
+    "ledger_max_entries": 0,
+    "ledger_prefills_over_64": 0,
+    "ledger_live_misses": 0,
 }
 _last_idle_write = [0.0]
 
@@ -98,6 +104,18 @@ def count_overlap_decision(result: Any, scheduler: Any, batch: Any, *args: Any, 
                 _state["overlap_disabled_grammar_decode_batches"] += 1
             _write()
     return None
+
+
+def update(change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to the counters under the lock and write the file (several related counters at once)."""
+    with _lock:
+        change(_state)
+        _write()
+
+
+def peek(name: str, default: Any = None) -> Any:
+    """The current value of counter ``name`` in this process (no file read)."""
+    return _state.get(name, default)
 
 
 def count(name: str, k: int = 1) -> None:

@@ -40,7 +40,7 @@ discover it without installing anything; both may run, the second install is a n
   a kernel launch: the scheduler thread pays its dispatch, the device its compute. So the probe counts an op's
   dispatch as CPU work -- this machine's cost of dispatching a one-element op, measured at install -- and the rest
   of its time as device work. ``step - device - probe`` is then the scheduler thread's own CPU work, what a GPU
-  host's scheduler thread does per step (issue 17's (a)); ``step - forward`` still holds the tensor work too.
+  host's scheduler thread does per step (the scheduler budget's (a)); ``step - forward`` still holds the tensor work too.
 
 Regions are timed on the scheduler thread only (the product plugin's grammar thread passes through untimed), and the
 plugin's stats-file write inside a region is not counted (instrumentation).

@@ -1,18 +1,19 @@
 """Stand-ins for device objects on a host without a device, and the host results the ledger reads.
 
 ``CountingEvent`` stands for a device event (``torch.cuda.Event``): ``synchronize()`` returns at once and counts
-itself. ``DeviceTensor`` stands for a result tensor not yet copied to the host: a non-host device, values readable
-only through ``tolist()``. ``result_runs`` builds a host ``ResultRuns`` holding given runs, as SGLang's verify
-(``ids[r * stride : r * stride + lens[r]]``) or prefill (one token per row, no lengths) results lay them out;
-``verify_result`` the installed SGLang's own ``GenerationBatchResult`` of a verify, laid out the same way.
-``DecodeMode`` stands for a decode batch's ``forward_mode`` (what the bands' barriers ask of it).
+itself; ``FlagEvent`` for one still in flight until waited for. ``DeviceTensor`` stands for a result tensor not yet
+copied to the host: a non-host device, values readable only through ``tolist()``. ``result_runs`` builds a host
+``ResultRuns`` holding given runs, as SGLang's verify (``ids[r * stride : r * stride + lens[r]]``) or prefill (one
+token per row, no lengths) results lay them out; ``verify_result`` the installed SGLang's own
+``GenerationBatchResult`` of a verify, laid out the same way. ``DecodeMode`` stands for a decode batch's
+``forward_mode`` (what the bands' barriers ask of it).
 """
 
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-__all__ = ["CountingEvent", "DecodeMode", "DeviceTensor", "result_runs", "verify_result"]
+__all__ = ["CountingEvent", "FlagEvent", "DecodeMode", "DeviceTensor", "result_runs", "verify_result"]
 
 
 class CountingEvent:
@@ -23,6 +24,26 @@ class CountingEvent:
 
     def synchronize(self) -> None:
         self.waits += 1
+
+
+class FlagEvent:
+    """A device event that is never done by itself: ``query()`` says whether it is, ``synchronize()`` (a wait)
+    completes it and counts itself in ``waits``. Tests use it where the code must read a copy only once its event
+    has completed, and wait only when it has to."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.waits = 0
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        self.done = True
 
 
 class DecodeMode:

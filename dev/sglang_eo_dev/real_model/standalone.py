@@ -1,4 +1,4 @@
-"""A STANDALONE draft for SmolLM2-135M-Instruct: a layer-truncated copy of the target (issue 18).
+"""A STANDALONE draft for SmolLM2-135M-Instruct: a layer-truncated copy of the target.
 
 An honest imperfect draft: the target's embedding, its first :data:`LAYERS` decoder layers, its final norm and its
 (tied) output head, with no training at all. It shares the tokenizer, so SGLang's STANDALONE worker runs it as an
