@@ -12,6 +12,7 @@ learned how the target tokenizes the forced text; replacing its token there woul
 
 Call order per verify step (one process, the host's scheduler thread unless noted)::
 
+    forced.admit(matcher, compiled_grammar)   # per request, before its first build (a lookup once decided)
     forced.apply(draft_token, next_token, rids, draft_probs_used)   # step N+1, before the verify prepares its input
     ... tree copy, grammar job: forced.record(matcher, row) per valid node (the grammar thread, during the mask) ...
     forced.upload(device)                                            # with the mask, after the join
@@ -23,6 +24,11 @@ token step N committed last) equals the first forced token, i.e. the target wrot
 does; after a retraction, a new request or a changed batch the request's row is simply absent (no override).
 Tokens stay within the vocabulary (they come from the model's tokenizer). Not used when the host verifies with the
 draft's own probabilities (rejection sampling: a replaced draft would carry the wrong probability).
+
+Bounded: a grammar with a rule that matches no finite string (a JSON schema whose object requires itself) can force
+text forever, and xgrammar's search for it then allocates until the process runs out of memory. ``admit`` reads the
+grammar once (:func:`forcing_is_bounded`); such a request's matcher is never asked (no forced drafts for it), and with
+``require_admission`` (set by the integration) neither is a matcher never admitted.
 
 Invariants: ``record`` only writes rows of the current build's table; ``after_verify`` consumes the uploaded table
 of the same step; ``apply`` consumes what the previous ``after_verify`` kept, at most once. Counters (``proposed``:
@@ -36,8 +42,10 @@ the scheduler thread never waits for the device's queue on this path.
 
 from __future__ import annotations
 
+import re
+import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -49,7 +57,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from torch.types import Device
 
-__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "prefix_alternatives", "stable_tokens"]
+__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "forcing_is_bounded", "prefix_alternatives",
+           "stable_tokens"]
 
 Encoder = Callable[[str], Sequence[int]]
 BatchEncoder = Callable[[Sequence[str]], Sequence[Sequence[int]]]  # the same tokenization, many strings per call
@@ -117,6 +126,169 @@ def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence
     return tuple(out) if offsets else ()
 
 
+# One lexical element of a grammar's EBNF text (xgrammar's ``str(grammar)``): a string literal, a character class, a
+# rule name, a repetition range, a lookahead opener, a bracket or an operator. Anything else makes the text unknown.
+_EBNF_TOKEN = re.compile(r'\s*(?:("(?:[^"\\]|\\.)*")|(\[(?:[^\]\\]|\\.)*\])|([A-Za-z_][A-Za-z0-9_.-]*)'
+                         r'|(\{\s*\d+\s*(?:,\s*\d*\s*)?\})|(\(=)|([()|*+?]))')
+# xgrammar's regex element, ``Regex("...", json_string=true)``: a terminal (it matches some string), read as one.
+_EBNF_REGEX = re.compile(r'Regex\(\s*"(?:[^"\\]|\\.)*"(?:\s*,\s*\w+\s*=\s*\w+)*\s*\)')
+_Expr = Union[bool, str, Tuple[str, Any]]  # True (a terminal), a rule name, ("seq"|"alt", parts) or ("opt"|"rep", e)
+
+
+class _UnknownGrammar(ValueError):
+    """The EBNF text holds a construct this reader does not model (it then vouches for nothing)."""
+
+
+def _parse_body(text: str) -> _Expr:
+    """A rule body as nested tuples, lookaheads dropped (they only narrow what the body matches)."""
+    toks: List[Tuple[int, str]] = []
+    pos = 0
+    text = _EBNF_REGEX.sub('"r"', text).rstrip()
+    while pos < len(text):
+        m = _EBNF_TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise _UnknownGrammar(text[pos : pos + 40])
+        toks.append((m.lastindex or 0, m.group(m.lastindex or 0)))
+        pos = m.end()
+    at = 0
+
+    def alt() -> _Expr:
+        nonlocal at
+        parts = [seq()]
+        while at < len(toks) and toks[at] == (6, "|"):
+            at += 1
+            parts.append(seq())
+        return parts[0] if len(parts) == 1 else ("alt", parts)
+
+    def seq() -> _Expr:
+        nonlocal at
+        parts: List[_Expr] = []
+        while at < len(toks) and toks[at] not in ((6, "|"), (6, ")")):
+            kind, tok = toks[at]
+            at += 1
+            if kind == 5:  # lookahead: parsed, then dropped
+                alt()
+                close()
+                continue
+            if kind in (1, 2):
+                item: _Expr = True
+            elif kind == 3:
+                if at < len(toks) and toks[at] == (6, "("):  # a call such as TagDispatch(...): not modelled
+                    raise _UnknownGrammar(tok)
+                item = tok
+            elif tok == "(":
+                item = alt()
+                close()
+            else:
+                raise _UnknownGrammar(tok)
+            while at < len(toks) and (toks[at][0] == 4 or toks[at][1] in ("*", "+", "?")):
+                op = toks[at][1]
+                at += 1
+                least = int(op.strip("{} ").split(",")[0]) if op.startswith("{") else (1 if op == "+" else 0)
+                item = ("rep", item) if least else ("opt", item)
+            parts.append(item)
+        return parts[0] if len(parts) == 1 else ("seq", parts)
+
+    def close() -> None:
+        nonlocal at
+        if at >= len(toks) or toks[at] != (6, ")"):
+            raise _UnknownGrammar("unbalanced brackets")
+        at += 1
+
+    out = alt()
+    if at != len(toks):
+        raise _UnknownGrammar(toks[at][1])
+    return out
+
+
+def _productive(e: _Expr, rules: "set[str]") -> bool:
+    """Whether ``e`` matches some finite string, given the rules known to (``rules``)."""
+    if isinstance(e, bool):
+        return e
+    if isinstance(e, str):
+        return e in rules
+    kind, inner = e
+    if kind == "opt":
+        return True
+    if kind == "rep":
+        return _productive(inner, rules)
+    if kind == "seq":
+        return all(_productive(x, rules) for x in inner)
+    return any(_productive(x, rules) for x in inner)
+
+
+def _names(e: _Expr) -> "set[str]":
+    """The rule names ``e`` refers to."""
+    if isinstance(e, bool):
+        return set()
+    if isinstance(e, str):
+        return {e}
+    kind, inner = e
+    if kind in ("opt", "rep"):
+        return _names(inner)
+    return set().union(*(_names(x) for x in inner))
+
+
+def forcing_is_bounded(grammar: object) -> bool:
+    """Whether every rule of ``grammar`` (an xgrammar grammar or compiled grammar; its EBNF text is read) matches some
+    finite string. Then from every matcher state some finite completion exists, and the forced text -- a prefix of
+    every continuation, ending where the grammar may end -- is no longer than it: ``find_jump_forward_string`` ends.
+    A rule without a finite match (``node ::= "{\"next\": " node "}"``) may force text forever, and xgrammar's
+    search then allocates until the process runs out of memory. False also where the text holds a construct not
+    modelled here: the caller then does not ask for forced text at all."""
+    text = str(getattr(grammar, "grammar", grammar))
+    bodies: Dict[str, _Expr] = {}
+    try:
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            name, sep, body = line.partition("::=")
+            if not sep or not name.strip():
+                return False
+            bodies[name.strip()] = _parse_body(body)
+    except _UnknownGrammar:
+        return False
+    # least fixpoint: a rule is productive once one of its alternatives is; a rule found productive re-checks only
+    # the rules that name it (linear in the grammar's size, not quadratic in a long chain of definitions)
+    users: Dict[str, List[str]] = {}
+    for rule, expr in bodies.items():
+        for name in _names(expr):
+            users.setdefault(name, []).append(rule)
+    done: "set[str]" = set()
+    todo = [rule for rule, expr in bodies.items() if _productive(expr, done)]
+    while todo:
+        rule = todo.pop()
+        if rule in done:
+            continue
+        done.add(rule)
+        todo.extend(u for u in users.get(rule, ()) if u not in done and _productive(bodies[u], done))
+    return bool(bodies) and len(done) == len(bodies)
+
+
+class _IdMap:
+    """A bool per live object, keyed by identity (for unhashable objects): an entry goes when its object is freed."""
+
+    def __init__(self) -> None:
+        self._d: Dict[int, Tuple[weakref.ref[Any], bool]] = {}
+
+    def get(self, obj: object) -> Optional[bool]:
+        e = self._d.get(id(obj))
+        return e[1] if e is not None and e[0]() is obj else None
+
+    def set(self, obj: object, value: bool) -> None:
+        key, d = id(obj), self._d
+
+        def drop(r: weakref.ref[Any]) -> None:
+            e = d.get(key)
+            if e is not None and e[0] is r:
+                del d[key]
+
+        d[key] = (weakref.ref(obj, drop), value)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class ForcedDrafts:
     """Per-process forced-draft state: the encoder and its cache, this step's host table, the previous step's picked
     rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node). The table is
@@ -146,6 +318,12 @@ class ForcedDrafts:
         # the stream API of a device (tree_copy.device_streams; tests pass a stand-in): None for the CPU
         self.streams: Callable[[torch.device], Any] = tree_copy.device_streams
         self.recorded_nodes = 0  # host: nodes with a non-empty continuation since start
+        # matcher -> whether its grammar's forced text always ends (forcing_is_bounded), set by admit(); a matcher
+        # marked False is never asked for its forced text, nor an unmarked one while require_admission is set
+        # (xgrammar's objects are not hashable: keyed by id, each entry dropped when its object is freed)
+        self._bounded: _IdMap = _IdMap()
+        self._verdicts: _IdMap = _IdMap()  # per grammar object
+        self.require_admission = False
         self._pos_cache: Dict[Tuple[int, int, int, str], torch.Tensor] = {}
 
     # -- counters ------------------------------------------------------------------------------------------------
@@ -195,6 +373,19 @@ class ForcedDrafts:
             self._host_counts()
 
     # -- host side: the table, during the mask build -----------------------------------------------------------
+    def admit(self, matcher: JumpForward, grammar: object) -> bool:
+        """Before a request's first build (the scheduler thread): whether ``matcher``'s grammar (its compiled
+        grammar, ``grammar``) has forced text that always ends; only then does :meth:`record` ask for it. Decided once
+        per grammar object, then a dictionary lookup per call."""
+        ok = self._bounded.get(matcher)
+        if ok is None:
+            ok = self._verdicts.get(grammar)
+            if ok is None:
+                ok = forcing_is_bounded(grammar)
+                self._verdicts.set(grammar, ok)
+            self._bounded.set(matcher, ok)
+        return ok
+
     def continuation(self, matcher: JumpForward) -> Tuple[int, ...]:
         """The tokens the grammar forces after the matcher's state, last token held back, at most ``width``."""
         entry = self._entry(matcher)
@@ -203,6 +394,9 @@ class ForcedDrafts:
     def _entry(self, matcher: JumpForward) -> Optional[Tuple[Tuple[int, ...], npt.NDArray[np.int32]]]:
         """(continuation, its table rows ``[len, 1 + ALTERNATIVES]``), cached per forced string; None if empty."""
         if self.encode is None:
+            return None
+        ok = self._bounded.get(matcher)
+        if ok is False or (ok is None and self.require_admission):  # its forced text may never end: not asked
             return None
         s = matcher.find_jump_forward_string()
         if not s:

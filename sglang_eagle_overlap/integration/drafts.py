@@ -67,6 +67,14 @@ def before_verify(rt: Runtime, batch: Any, verify_input: Any, owned: bool) -> No
             forced.encode = lambda s: tok.encode(s, add_special_tokens=False)
             forced.decode = tok.decode
             forced.encode_batch = batch_encoder(tok)
+    # a grammar whose forced text may never end (no finite document) is never asked for it: xgrammar's search would
+    # allocate until the process runs out of memory
+    forced.require_admission = True
+    for r in batch.reqs:
+        grammar = getattr(r, "grammar", None)
+        matcher, compiled = getattr(grammar, "matcher", None), getattr(grammar, "ctx", None)
+        if matcher is not None and compiled is not None:
+            forced.admit(matcher, compiled)
     forced.apply(verify_input.draft_token, verify_input.retrieve_next_token, request_ids(batch.reqs),
                  draft_probs_used=getattr(verify_input, "draft_probs", None) is not None,
                  chain=getattr(verify_input, "topk", 0) == 1)
