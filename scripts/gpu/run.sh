@@ -119,7 +119,9 @@ case "$mode" in
   *) cmd=() ;;
 esac
 case "$mode" in
-  tests-*) cmd+=(--junitxml "$out/$mode.xml") ;;
+  # -v names each test as it starts; faulthandler_timeout dumps every thread's stack into the log when one test runs
+  # past it (without stopping it), so a call that runs out of time still shows where it was
+  tests-*) cmd+=(-v -o "faulthandler_timeout=${GPU_TEST_STACK_DUMP_S:-200}" --junitxml "$out/$mode.xml") ;;
   bench-*) cmd+=(--out "$out") ;;
 esac
 cmd+=("$@")
