@@ -548,10 +548,7 @@ class Soak:
                                  daemon=True)
             t.start()
             threads.append(t)
-        deadline = time.monotonic() + self.request_timeout + 30
-        for t in threads:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        hung = sum(t.is_alive() for t in threads)
+        hung = _join_until(threads, time.monotonic() + self.request_timeout + 30)
         if hung:
             self.record(Outcome("warmup", "hung", False, "warmup", "timeout", self.request_timeout,
                                 detail=f"{hung} warm-up clients still waiting"))
@@ -572,13 +569,17 @@ class Soak:
         threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(self.clients)]
         for t in threads:
             t.start()
-        hard = stop_at + self.request_timeout + 30  # each request is bounded by request_timeout
-        for t in threads:
-            t.join(timeout=max(0.0, hard - time.monotonic()))
-        hung = sum(t.is_alive() for t in threads)
+        hung = _join_until(threads, stop_at + self.request_timeout + 30)  # each request is bounded by request_timeout
         if hung:
             self.record(Outcome("timed", "hung", False, "timed", "timeout", self.request_timeout,
                                 detail=f"{hung} clients did not return"))
+
+
+def _join_until(threads: List[threading.Thread], deadline: float) -> int:
+    """Join every thread until ``deadline`` (``time.monotonic()``); how many are still running then."""
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    return sum(t.is_alive() for t in threads)
 
 
 def _pct(xs: List[float], q: float) -> Optional[float]:
