@@ -28,7 +28,7 @@ draft's own probabilities (rejection sampling: a replaced draft would carry the 
 Bounded: a grammar with a rule that matches no finite string (a JSON schema whose object requires itself) can force
 text forever, and xgrammar's search for it then allocates until the process runs out of memory. ``admit`` reads the
 grammar once (:func:`forcing_is_bounded`); such a request's matcher is never asked (no forced drafts for it), and with
-``require_admission`` (set by the integration) neither is a matcher never admitted.
+``require_admission`` (the integration's) neither is a matcher never admitted.
 
 Invariants: ``record`` only writes rows of the current build's table; ``after_verify`` consumes the uploaded table
 of the same step; ``apply`` consumes what the previous ``after_verify`` kept, at most once. Counters (``proposed``:
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from torch.types import Device
 
-__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "forcing_is_bounded", "prefix_alternatives",
-           "stable_tokens"]
+__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "forcing_is_bounded",
+           "prefix_alternatives", "stable_tokens"]
 
 Encoder = Callable[[str], Sequence[int]]
 BatchEncoder = Callable[[Sequence[str]], Sequence[Sequence[int]]]  # the same tokenization, many strings per call
@@ -295,7 +295,7 @@ class ForcedDrafts:
     ``[rows, width, 1 + ALTERNATIVES]``: at ``[..., 0]`` the forced tokens, after them each position's
     :func:`prefix_alternatives` (-1 padded; none without ``decode``)."""
 
-    def __init__(self, width: int = 8) -> None:
+    def __init__(self, width: int = 8, require_admission: bool = False) -> None:
         if width < 2:
             raise ValueError(f"forced-draft width must be >= 2 (the root check and one draft), got {width}")
         self.width = width
@@ -323,7 +323,7 @@ class ForcedDrafts:
         # (xgrammar's objects are not hashable: keyed by id, each entry dropped when its object is freed)
         self._bounded: _IdMap = _IdMap()
         self._verdicts: _IdMap = _IdMap()  # per grammar object
-        self.require_admission = False
+        self.require_admission = require_admission
         self._pos_cache: Dict[Tuple[int, int, int, str], torch.Tensor] = {}
 
     # -- counters ------------------------------------------------------------------------------------------------

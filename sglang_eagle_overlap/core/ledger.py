@@ -201,7 +201,8 @@ class AcceptLedger:
         """:meth:`advance` for each ``(key, grammar, start, tokens, matcher)`` in order, in one call: one result per
         run, the outcome or the :class:`LedgerError` that :meth:`advance` would raise for it (a run in error changes
         nothing, the others go on). A whole batch's runs go through here: per run it is one loop body instead of a
-        stack of calls (the barrier's Python time per request is the scheduler thread's largest grammar cost). It is :meth:`plan` fed at once."""
+        stack of calls (the barrier's Python time per request is the scheduler thread's largest grammar cost). It is
+        :meth:`plan` fed at once."""
         plan = self.plan()
         slots = plan.add(runs, on_feed)
         plan.feed()
@@ -471,8 +472,8 @@ class LedgerPlan:
                 kept = feeds[2 * f]
                 state = feeds[2 * f + 1]
                 if state == FED and kept == len(toks):
-                    # The common case (the largest per-request loop on the scheduler thread), booked here as ``AcceptLedger._record``
-                    # books it: the whole run consumed, the matcher left live.
+                    # The common case (the largest per-request loop on the scheduler thread), booked here as
+                    # ``AcceptLedger._record`` books it: the whole run consumed, the matcher left live.
                     outcome = _outcome((start, toks, toks, False, None))
                     if on_feed is not None:
                         on_feed(grammar, outcome)

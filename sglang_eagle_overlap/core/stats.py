@@ -37,11 +37,12 @@ class StepStats:
     tree_wait_s: float = 0.0
     mask_s: float = 0.0
     mask_timeouts: int = 0
-    # Scheduler-thread accounting (the grammar's cost to SGLang's own loop): ``sched_s`` is what the step's grammar calls cost the scheduler thread
-    # (inline: all of the work; grammar thread: hand-off + join wait + upload), ``join_wait_s`` the part of it spent
-    # waiting for the grammar thread, ``helper_gil_s`` the grammar thread's CPU time outside GIL-free native fills
-    # (an upper bound of the GIL time it took from the scheduler thread), ``handoff_s`` the grammar thread's wake-up
-    # latency (from the hand-off until it ran Python: the OS wake-up and winning the GIL), a latency, not CPU time.
+    # Scheduler-thread accounting (the grammar's cost to SGLang's own loop): ``sched_s`` is what the step's grammar
+    # calls cost the scheduler thread (inline: all of the work; grammar thread: hand-off + join wait + upload),
+    # ``join_wait_s`` the part of it spent waiting for the grammar thread, ``helper_gil_s`` the grammar thread's CPU
+    # time outside GIL-free native fills (an upper bound of the GIL time it took from the scheduler thread),
+    # ``handoff_s`` the grammar thread's wake-up latency (from the hand-off until it ran Python: the OS wake-up and
+    # winning the GIL), a latency, not CPU time.
     sched_s: float = 0.0
     join_wait_s: float = 0.0
     helper_gil_s: float = 0.0

@@ -355,12 +355,14 @@ class GrammarStep:
         # Whether the exporter takes steps (its ``enabled``, absent: True), read at the first step: a disabled one
         # (no ``--enable-metrics``) is not called at all, nor are the forced-draft counts it would get computed.
         self._exporting: Optional[bool] = None
-        # The grammar thread (takes the step's native call off the scheduler thread): one worker, jobs in submission order, created on the first job.
+        # The grammar thread (takes the step's native call off the scheduler thread): one worker, jobs in submission
+        # order, created on the first job.
         self.grammar_thread = grammar_thread
         # a batch of fewer grammar requests runs inline even with the thread on (Settings.grammar_thread_min_batch)
         self.grammar_thread_min_batch = max(1, grammar_thread_min_batch)
         self._thread: Optional[_GrammarThread] = None
-        # Grammar-forced drafts (fewer verify steps where the grammar decides the tokens): filled during the build, uploaded with the mask; None = off.
+        # Grammar-forced drafts (fewer verify steps where the grammar decides the tokens): filled during the build,
+        # uploaded with the mask; None = off.
         self.forced = forced
         self._forced_seen = (0, 0)  # (proposed, accepted) already reported to the exporter
         # The native batch calls (core/native.py): loaded when the first mask build creates the builder (a build may
@@ -525,12 +527,13 @@ class GrammarStep:
         if count and self.ledger.replays != before:
             self.stats.count("replays", self.ledger.replays - before)
 
-    def prune(self, live: Collection[Hashable], finished: Sequence[Hashable] = ()) -> None:
-        """Keep the ledger bounded: drop ``finished`` requests, and all not ``live`` once it outgrows the batch."""
+    def prune(self, live: Optional[Collection[Hashable]], finished: Sequence[Hashable] = ()) -> None:
+        """Keep the ledger bounded: drop ``finished`` requests, and all not ``live`` once it outgrows the batch
+        (``live`` None: the caller cannot tell which requests are live, only the finished are dropped)."""
         self._settle_open()
         for key in finished:
             self.ledger.forget(key)
-        if self.ledger_outgrows(len(live)):
+        if live is not None and self.ledger_outgrows(len(live)):
             self.stats.count("ledger_forgets", self.ledger.retain(live))
 
     # -- 2./3. the mask build: started before (grammar thread) or after (inline) the verify launch --------------------
@@ -735,18 +738,17 @@ class GrammarStep:
             return builder.finish(job.build, res, *job.tree_views), t_join
         except Exception as exc:
             fault = is_device_fault(exc)
-            if fault:
-                _raise_if_device_fault(exc)
+            _raise_if_device_fault(exc)
             raise
         finally:
-            if not fault:
+            try:
                 self._complete(job)
-            else:  # the fault is what the caller must see; the feeds that need the device's results fail with it
-                try:
-                    self._complete(job)
-                except Exception as exc:  # noqa: BLE001 - logged, the device fault is raised
-                    logger.error("sglang-eagle-overlap: after the device fault, the runs queued for the step could "
-                                 "not all be fed: %s: %s", type(exc).__name__, exc)
+            except Exception as exc:
+                if not fault:
+                    raise
+                # the fault is what the caller must see; the feeds that need the device's results fail with it
+                logger.error("sglang-eagle-overlap: after the device fault, the runs queued for the step could not "
+                             "all be fed: %s: %s", type(exc).__name__, exc)
 
     def _complete(self, job: MaskJob) -> None:
         """Feed whatever of ``job``'s ledger plan still waits (nothing, unless the build failed before its native

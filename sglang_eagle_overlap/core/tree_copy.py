@@ -14,8 +14,9 @@ Invariants:
 
 * Pinned host buffers are one per (slot, tensor, dtype), sized in powers of two of elements, and reused: a new batch
   size allocates only when it outgrows its buffer (then the buffer doubles at least), so the pinned memory held is at
-  most twice the largest tree's and the allocations stop after warm-up. Two slots alternate so that step N+1's copy can be launched while step N's host tensors are still
-  being read (the overlap scheduler may launch N+1 before N's mask has been consumed by every reader).
+  most twice the largest tree's and the allocations stop after warm-up. Two slots alternate so that step N+1's copy
+  can be launched while step N's host tensors are still being read (the overlap scheduler may launch N+1 before N's
+  mask has been consumed by every reader).
 * ``start`` enqueues non-blocking device-to-host copies on the current stream and records one event; ``resolve``
   waits on that event only (not on the whole device).
 * Tensors already on the CPU pass straight through: no copy, no event, no reshape (the draft tokens keep their shape,

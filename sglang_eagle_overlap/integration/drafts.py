@@ -68,8 +68,7 @@ def before_verify(rt: Runtime, batch: Any, verify_input: Any, owned: bool) -> No
             forced.decode = tok.decode
             forced.encode_batch = batch_encoder(tok)
     # a grammar whose forced text may never end (no finite document) is never asked for it: xgrammar's search would
-    # allocate until the process runs out of memory
-    forced.require_admission = True
+    # allocate until the process runs out of memory (the runtime's ForcedDrafts asks only admitted matchers)
     for r in batch.reqs:
         grammar = getattr(r, "grammar", None)
         matcher, compiled = getattr(grammar, "matcher", None), getattr(grammar, "ctx", None)

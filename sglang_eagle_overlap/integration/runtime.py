@@ -48,9 +48,6 @@ class Runtime:
     # 0.5.16: a batch's ``can_mask`` verdict, as (its request list, that list's length, verdict), handed from the
     # scheduler's overlap decision to the same batch's verify entry (band.mask_verdict)
     mask_verdict: Optional[Tuple[Any, int, bool]] = None
-    # 0.5.23: the ledger keys of the latest decode result's rows (SGLang's running batch), kept by the ledger's prune
-    # after a prefill result, whose batch holds only the new requests (band.live_keys)
-    running_keys: List[str] = field(default_factory=list)
 
 
 _process: List[Optional[Runtime]] = [None]
@@ -79,7 +76,7 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         grammar_thread_min_batch=settings.grammar_thread_min_batch,
         upload_stream=settings.mask_upload_stream,
         # auto (None): created, then kept or dropped at the first verify, by its algorithm (drafts.before_verify)
-        forced=ForcedDrafts() if settings.forced_drafts is not False else None,
+        forced=ForcedDrafts(require_admission=True) if settings.forced_drafts is not False else None,
         native=None if settings.native is False else functools.partial(load_native_for, settings.native),
     )
     rt = Runtime(settings=settings, step=step, origin=origin)

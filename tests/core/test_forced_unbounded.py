@@ -48,9 +48,8 @@ _CHILD = textwrap.dedent(r'''
     for name, schema in json.loads(sys.argv[2]).items():
         grammar = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
         matcher = xgr.GrammarMatcher(grammar)
-        f = ForcedDrafts(width=6)
+        f = ForcedDrafts(width=6, require_admission=True)
         f.encode = encode
-        f.require_admission = True
         admitted = f.admit(matcher, grammar)
         assert matcher.accept_string('{"')
         f.begin(1)

@@ -198,10 +198,6 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     result.grammar_advanced = True  # SGLang's barrier asks once per result; the runs below are fed exactly once
     step = rt.step
     reqs = batch.reqs
-    if is_decode:
-        # A decode batch is SGLang's running batch: every request that decodes. A prefill result names only the new
-        # requests, so the prune below keeps the running ones by this list (the rows of the latest decode result).
-        rt.running_keys = [str(row[0]) for row in rows]
 
     def done(outcomes: List[AdvanceOutcome]) -> None:
         # the run each request keeps, by batch row, in one pass (a rejection aborts its request alone)
@@ -210,8 +206,13 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
             retained[row[4]] = kept_run(step, reqs[row[4]], o)
         if is_decode:
             result.grammar_retained_tokens = retained
-        if finished or step.ledger_outgrows(len(rows)):  # else prune has nothing to do: no live-key list made
-            step.prune(live_keys(rt, batch, rows, is_decode), finished)
+        # Only a decode result says which requests are live: its batch is SGLang's running batch. A prefill batch
+        # holds only the new requests, so after one only the finished are forgotten (pruning to it would drop every
+        # decoding request's entry, and with it their gap and conflict checks).
+        if is_decode and step.ledger_outgrows(len(rows)):  # else no live-key set is made
+            step.prune(live_keys(batch, rows), finished)
+        elif finished:
+            step.prune(None, finished)
 
     # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
     # tree walk, in one native call; here (post-processing, no build around) at once. SGLang reads
@@ -219,16 +220,11 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     advance_rows_later(step, rows, runs, done, count_replays=True)
 
 
-def live_keys(rt: Runtime, batch: Any, rows: List[Any], is_decode: bool) -> Set[str]:
-    """The ledger keys the prune keeps for one result: its batch's constrained requests (also those whose run this
-    result does not commit: a chunk mid-prompt, a retracted one), and, for a prefill result, every request of the
-    latest decode result (the running batch: a prefill batch holds only the new requests, and pruning to it would
-    forget every decoding request's ledger entry, so its gap and conflict checks). Finished requests are forgotten
-    by the prune itself."""
+def live_keys(batch: Any, rows: List[Any]) -> Set[str]:
+    """The ledger keys a decode result keeps: its rows' and every constrained request of its batch (also those whose
+    run the result does not commit, e.g. a retracted one). Finished requests are forgotten by the prune itself."""
     live = {str(row[0]) for row in rows}
     live.update(str(req.rid) for req in batch.reqs if getattr(req, "grammar", None) is not None)
-    if not is_decode:
-        live.update(rt.running_keys)
     return live
 
 
