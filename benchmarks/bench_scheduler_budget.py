@@ -456,7 +456,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--paths", default=",".join(PATHS),
-                    help=f"engines to alternate, from {', '.join(ALL_PATHS)} (results file named after them when not the default)")
+                    help=f"engines to alternate, from {', '.join(ALL_PATHS)} (results file named after them when not "
+                         "the default)")
     ap.add_argument("--render", type=Path, default=None,
                     help="rebuild the rows and the markdown of a saved result (its .json, rewritten in place with the "
                          ".md next to it) instead of running engines")
@@ -465,7 +466,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "own defaults; the criterion column then compares `inline` against it")
     ap.add_argument("--before-forced", choices=("on", "off"), default=None,
                     help="grammar-forced drafts in the `before` engine (default: the revision's own default); e.g. "
-                         "`off` for the code the GPU table's inline column measured (that revision had forced drafts off)")
+                         "`off` for the code the GPU table's inline column measured (that revision had forced drafts "
+                         "off)")
     ap.add_argument("--allocator", choices=("jemalloc", "system"), default="jemalloc",
                     help="host allocator of the engines (default jemalloc: see use_allocator)")
     ap.add_argument("--breakdown", action="store_true",

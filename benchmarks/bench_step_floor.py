@@ -13,8 +13,9 @@ thread on; :func:`bench_thread_handoff.band_loop`):
 2. **How far can the ledger's per-run Python go?** Step by step in the same process, alternating (A B B A), the
    shipped step and a *lean* one whose ``LedgerPlan.fill`` does only what a ledger kept in C++ would leave to Python:
    the run's tokens sliced from the native call's own reading, SGLang's ``XGrammarGrammar`` record, the ledger entry's
-   position, liveness and history, one outcome per run (0.5.23's ``done`` reads them, in one pass) and no checks. It skips no native work, but it is **not exactly-once-safe** (no rejection or termination
-   handling): a bound on the lever, not a candidate. ``lean/shipped`` is the ratio of the medians.
+   position, liveness and history, one outcome per run (0.5.23's ``done`` reads them, in one pass) and no checks. It
+   skips no native work, but it is **not exactly-once-safe** (no rejection or termination handling): a bound on the
+   lever, not a candidate. ``lean/shipped`` is the ratio of the medians.
 
 Run (the lock keeps it away from engine runs)::
 

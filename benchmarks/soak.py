@@ -68,7 +68,6 @@ import platform
 import random
 import re
 import shlex
-import statistics
 import sys
 import tempfile
 import threading
@@ -125,18 +124,6 @@ class Spec:
     disconnect_after: int = 0
 
 
-def _tool() -> Dict[str, Any]:
-    from sglang_eo_dev.real_model.prompts import TOOL
-
-    return TOOL
-
-
-def _messages(user: str) -> List[Dict[str, str]]:
-    from sglang_eo_dev.real_model.prompts import Request, messages
-
-    return messages(Request(user))
-
-
 def _json_check(schema: Dict[str, Any]) -> Callable[[str, List[Dict[str, str]]], None]:
     def check(text: str, _calls: List[Dict[str, str]]) -> None:
         import jsonschema
@@ -186,68 +173,69 @@ def _nested(depth: int) -> Dict[str, Any]:
 
 def build_specs(max_tokens: int) -> Dict[str, List[Spec]]:
     """kind -> its variants (each a :class:`Spec` without the stream flag, which the client loop alternates)."""
-    from sglang_eo_dev.real_model.prompts import SCHEMAS, held_apart_requests, messages
+    from sglang_eo_dev.real_model.prompts import SCHEMAS, TOOL, Request, held_apart_requests, messages
 
     every = held_apart_requests()
     # As in tests/e2e/test_real_model.py: held-apart prompt 5 makes the model write an endless number under its
     # schema, so the family's other held-apart prompt stands in for it.
     held = every[:5] + [every[11]]
-    tool = _tool()
+    tool = TOOL
     fn = tool["function"]
     weather = ("What will the weather be in Reykjavik on 2025-03-14, in celsius? Use the get_weather tool.")
 
     def chat(msgs: List[Dict[str, str]], **extra: Any) -> Dict[str, Any]:
         return {"messages": msgs, "temperature": 0, "max_tokens": max_tokens, **extra}
 
+    def user_messages(user: str) -> List[Dict[str, str]]:
+        return messages(Request(user))
+
+    def schema_spec(kind: str, variant: str, msgs: List[Dict[str, str]], schema: Any, expect: str = "valid",
+                    **spec: Any) -> Spec:
+        """A ``response_format: json_schema`` request whose output is checked against that same schema."""
+        return Spec(kind, variant, chat(msgs, response_format=_schema_format(schema)), expect, _json_check(schema),
+                    **spec)
+
     specs: Dict[str, List[Spec]] = {
-        "json": [Spec("json", r.schema or "", chat(messages(r), response_format=_schema_format(SCHEMAS[r.schema])),
-                      "valid", _json_check(SCHEMAS[r.schema])) for r in held if r.schema],
+        "json": [schema_spec("json", r.schema, messages(r), SCHEMAS[r.schema]) for r in held if r.schema],
         "regex": [Spec("regex", "yes_no_because",
-                       chat(_messages("Is the sky blue on a clear day? Answer yes or no and say why."),
+                       chat(user_messages("Is the sky blue on a clear day? Answer yes or no and say why."),
                             extra_body={"regex": REGEX}), "valid", _regex_check(REGEX))],
         "ebnf": [Spec("ebnf", "answer_confidence",
-                      chat(_messages("Is ice colder than steam? Give your answer and a confidence out of 10."),
+                      chat(user_messages("Is ice colder than steam? Give your answer and a confidence out of 10."),
                            extra_body={"ebnf": EBNF}), "valid", _regex_check(EBNF_AS_REGEX))],
-        "tool_required": [Spec("tool_required", fn["name"], chat(_messages(weather), tools=[tool],
+        "tool_required": [Spec("tool_required", fn["name"], chat(user_messages(weather), tools=[tool],
                                                                  tool_choice="required", parallel_tool_calls=False),
                                "valid", _tool_check(fn["name"], fn["parameters"]))],
         "tool_named": [Spec("tool_named", fn["name"],
-                            chat(_messages(weather), tools=[tool], parallel_tool_calls=False,
+                            chat(user_messages(weather), tools=[tool], parallel_tool_calls=False,
                                  tool_choice={"type": "function", "function": {"name": fn["name"]}}),
                             "valid", _tool_check(fn["name"], fn["parameters"]))],
-        "free": [Spec("free", "chat", chat(_messages(q)), "valid", None)
+        "free": [Spec("free", "chat", chat(user_messages(q)), "valid", None)
                  for q in ("Name two fruits that are yellow.", "Write one sentence about the sea.")],
-        "disconnect": [Spec("disconnect", r.schema or "",
-                            chat(messages(r), response_format=_schema_format(SCHEMAS[r.schema])), "valid",
-                            _json_check(SCHEMAS[r.schema]), stream=True, disconnect_after=2 + i % 4)
+        "disconnect": [schema_spec("disconnect", r.schema, messages(r), SCHEMAS[r.schema], stream=True,
+                                   disconnect_after=2 + i % 4)
                        for i, r in enumerate(held) if r.schema],
         "invalid": [
-            Spec("invalid", "bad_type", chat(_messages("JSON please."), response_format=_schema_format(
+            Spec("invalid", "bad_type", chat(user_messages("JSON please."), response_format=_schema_format(
                 {"type": "object", "properties": {"a": {"type": "nope"}}})), "reject", None),
-            Spec("invalid", "bad_regex", chat(_messages("Say something."), extra_body={"regex": "([a-z]+"}),
+            Spec("invalid", "bad_regex", chat(user_messages("Say something."), extra_body={"regex": "([a-z]+"}),
                  "reject", None),
-            Spec("invalid", "bad_ebnf", chat(_messages("Say something."), extra_body={"ebnf": 'root ::= "a" |'}),
+            Spec("invalid", "bad_ebnf", chat(user_messages("Say something."), extra_body={"ebnf": 'root ::= "a" |'}),
                  "reject", None),
-            Spec("invalid", "schema_not_object", chat(_messages("JSON please."), response_format=_schema_format(
+            Spec("invalid", "schema_not_object", chat(user_messages("JSON please."), response_format=_schema_format(
                 "not a schema")), "reject", None),
-            Spec("invalid", "unknown_tool", chat(_messages(weather), tools=[tool], tool_choice={
+            Spec("invalid", "unknown_tool", chat(user_messages(weather), tools=[tool], tool_choice={
                 "type": "function", "function": {"name": "no_such_tool"}}), "reject", None),
         ],
         "pathological": [
-            Spec("pathological", "nested_40", chat(_messages("A nested list, as JSON."),
-                                                   response_format=_schema_format(_nested(40))),
-                 "either", _json_check(_nested(40))),
-            Spec("pathological", "enum_2000", chat(_messages("Pick a code, as JSON."), response_format=_schema_format(
-                {"type": "string", "enum": [f"code-{i:04d}" for i in range(2000)]})), "either",
-                 _json_check({"type": "string", "enum": [f"code-{i:04d}" for i in range(2000)]})),
-            Spec("pathological", "no_finite_document", chat(_messages("A linked list, as JSON."),
-                                                            response_format=_schema_format(_INFINITE)),
-                 "either", _json_check(_INFINITE)),
-            Spec("pathological", "empty_integer_range", chat(_messages("A number, as JSON."),
-                                                             response_format=_schema_format(
-                                                                 {"type": "integer", "minimum": 5, "maximum": 1})),
-                 "either", _json_check({"type": "integer", "minimum": 5, "maximum": 1})),
-            Spec("pathological", "alternation_1000", chat(_messages("Say a word."), extra_body={"regex": _ALT}),
+            schema_spec("pathological", "nested_40", user_messages("A nested list, as JSON."), _nested(40), "either"),
+            schema_spec("pathological", "enum_2000", user_messages("Pick a code, as JSON."),
+                        {"type": "string", "enum": [f"code-{i:04d}" for i in range(2000)]}, "either"),
+            schema_spec("pathological", "no_finite_document", user_messages("A linked list, as JSON."), _INFINITE,
+                        "either"),
+            schema_spec("pathological", "empty_integer_range", user_messages("A number, as JSON."),
+                        {"type": "integer", "minimum": 5, "maximum": 1}, "either"),
+            Spec("pathological", "alternation_1000", chat(user_messages("Say a word."), extra_body={"regex": _ALT}),
                  "either", _regex_check(_ALT)),
         ],
     }
@@ -399,11 +387,6 @@ def rss_mib(pid: int) -> Optional[float]:
         return None
 
 
-def get_json(base_url: str, path: str, timeout: float = 30) -> Any:
-    with urllib.request.urlopen(base_url + path, timeout=timeout) as r:
-        return json.loads(r.read().decode())
-
-
 def get_text(base_url: str, path: str, timeout: float = 30) -> str:
     with urllib.request.urlopen(base_url + path, timeout=timeout) as r:
         return r.read().decode()
@@ -509,16 +492,9 @@ def check_runtime(runtime: Dict[str, Any], stats: Dict[str, Any]) -> List[str]:
     if int(runtime.get("overlap_disabled_grammar_decode_batches", 0)) != 0:
         bad.append(f"{runtime['overlap_disabled_grammar_decode_batches']} grammar decode batches left the overlap")
     if stats and int(stats.get("steps", 0)) > int(runtime.get("grammar_decode_batches", 0)):
-        bad.append(f"plugin steps {stats.get('steps')} > grammar decode batches {runtime.get('grammar_decode_batches')}")
+        bad.append(f"plugin steps {stats.get('steps')} > grammar decode batches "
+                   f"{runtime.get('grammar_decode_batches')}")
     return bad
-
-
-def _read_json(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
 
 
 # ------------------------------------------------------------------------------------------------------------ soak
@@ -544,8 +520,8 @@ class Soak:
         threads = []
         for spec, stream in jobs:
             client = _openai_client(self.base_url, self.request_timeout)
-            t = threading.Thread(target=lambda s=spec, st=stream, c=client: self.record(run_request(c, s, st, "warmup")),
-                                 daemon=True)
+            t = threading.Thread(
+                target=lambda s=spec, st=stream, c=client: self.record(run_request(c, s, st, "warmup")), daemon=True)
             t.start()
             threads.append(t)
         hung = _join_until(threads, time.monotonic() + self.request_timeout + 30)
@@ -636,7 +612,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--name", default=None, help="result file stem (default soak_cpu_<sglang version>)")
     args = ap.parse_args(argv)
 
+    from sglang_eagle_overlap.settings import ENV
     from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
+    from sglang_eo_dev.cpu_runtime.stats import read_stats
 
     band = metadata.version("sglang")
     forced = {"on": True, "off": False, "auto": None}[args.forced_drafts]
@@ -650,7 +628,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # The plugin's stats file (its own variable, read in the scheduler process; launch_server copies os.environ) and
     # the CPU runtime's (launch_server's stats_file: forced-sync decisions, runtime errors, aborts seen).
     stats_file = str(tmp / "plugin-stats.json")
-    os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = stats_file
+    os.environ[ENV["stats_file"]] = stats_file
     runtime_stats_file = str(tmp / "runtime-stats.json")
     log_path = str(tmp / "server.log")
     failures: List[str] = []
@@ -659,7 +637,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     server = launch_server(cfg, log_path=log_path, stats_file=runtime_stats_file)
     t_up = time.monotonic() - t_start
-    result: Dict[str, Any] = {}
     stop_sampler = threading.Event()
     try:
         sched = find_scheduler(server.proc.pid)
@@ -681,13 +658,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         t0 = time.monotonic()
         soak.warmup()
         t_warm = time.monotonic() - t0
-        _wait_idle(server.base_url, 60)
+        _wait_idle(server, 60)
         rss_warm = rss_mib(sched) if sched else None
         t0 = time.monotonic()
         soak.timed(args.duration)
         t_timed = time.monotonic() - t0
         try:
-            _wait_idle(server.base_url, 120)
+            _wait_idle(server, 120)
         except Exception as e:
             failures.append(f"server not idle after the soak: {e}")
         time.sleep(1.0)  # the last step's stats-file write
@@ -711,7 +688,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except Exception as e:
             failures.append(f"/metrics unreadable: {e!r}")
         prom = prom_metrics(prom_text)
-        stats = _read_json(stats_file)
+        stats = read_stats(stats_file)  # written by rename: whole or absent
         runtime = server.stats()
         counter_violations = check_counters(stats, prom, band) if stats else ["no plugin stats file written"]
         counter_violations += check_runtime(runtime, stats)
@@ -763,8 +740,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         stop_sampler.set()
         server.stop()
-    if not result:
-        return 1
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = args.name or f"soak_cpu_{band}"
@@ -779,11 +754,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def _wait_idle(base_url: str, timeout: float) -> None:
+def _wait_idle(server: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     loads: Any = None
     while time.monotonic() < deadline:
-        loads = get_json(base_url, "/v1/loads")
+        loads = server.get_json("/v1/loads")
         if busy_requests(loads) == 0:
             return
         time.sleep(0.5)
@@ -833,7 +808,8 @@ def render_md(r: Dict[str, Any]) -> str:
                                          "pinned_allocations") if k in st) + ".",
         "CPU runtime: " + ", ".join(f"{k} {r['runtime_stats'].get(k)}" for k in (
             "grammar_decode_batches", "overlap_disabled_grammar_decode_batches", "retracted_requests",
-            "ledger_max_entries") if k in r["runtime_stats"]) + f", aborted requests seen {r['runtime_aborted_requests']}.",
+            "ledger_max_entries") if k in r["runtime_stats"])
+        + f", aborted requests seen {r['runtime_aborted_requests']}.",
         "Prometheus: " + ", ".join(f"{k} {v:g}" for k, v in sorted(r["prometheus"].items())) + ".",
         "",
         "Counter invariants: " + ("all hold." if not r["counter_violations"] else

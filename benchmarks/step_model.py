@@ -60,7 +60,8 @@ GPU_FILES = tuple(RESULTS / f"gpu_constrained_cuda_0.5.16_h200_{s}.json"
 # variant is this checkout's default path (the same path with the upload on the verify's stream: ..._h200_table.json)
 NEW_GPU_FILES = (RESULTS / "gpu_constrained_cuda_0.5.16_h200_table_upload.json",)
 BUDGET = RESULTS / "scheduler_budget_0.5.16_step_model.json"
-MEASURED_REV = "before"  # the budget file's path holding the revision the H200 measured (recorded in the file, forced drafts off)
+# the budget file's path holding the revision the H200 measured (recorded in the file; forced drafts off)
+MEASURED_REV = "before"
 NEW_PATH = "thread"  # this checkout's default path
 BOUND_PATH = "inline"  # the same native call made on the scheduler thread: the new path with nothing overlapped
 

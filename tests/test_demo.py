@@ -10,8 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_demo():
-    """``scripts/demo.py`` imported as a module (it is a script, not in a package): its switches and its texts."""
+def _demo():
     spec = importlib.util.spec_from_file_location("sglang_eo_demo", ROOT / "scripts" / "demo.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -19,7 +18,7 @@ def load_demo():
 
 
 def test_demo_sh_help_lists_every_switch_without_building_anything():
-    demo = load_demo()
+    demo = _demo()
     env = dict(os.environ, SGLANG_EO_VENV_DIR="/nonexistent/sglang-eo-venvs")  # a build attempt would fail
     res = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), "--help"], capture_output=True, text=True,
                          timeout=60, env=env)
@@ -33,7 +32,7 @@ def test_demo_sh_help_lists_every_switch_without_building_anything():
 
 
 def test_default_run_plan_is_0_5_16_off_and_on_then_0_5_23_on():
-    demo = load_demo()
+    demo = _demo()
     assert demo.runs_for(demo.SUPPORTED, "auto") == [("0.5.16", "off"), ("0.5.16", "on"), ("0.5.23", "on")]
     assert demo.runs_for(["0.5.23"], "both") == [("0.5.23", "off"), ("0.5.23", "on")]
     assert demo.runs_for(["0.5.16"], "on") == [("0.5.16", "on")]
@@ -48,7 +47,7 @@ def _result(version, state, total, off, **kw):
 
 
 def test_table_and_explanation_show_the_overlap_difference():
-    demo = load_demo()
+    demo = _demo()
     results = [_result("0.5.16", "off", 12, 12), _result("0.5.16", "on", 12, 0), _result("0.5.23", "on", 11, 0),
                {"version": "0.5.23", "plugin_state": "off", "error": "engine run exited with 1"}]
     text = demo.table(results)
@@ -70,7 +69,7 @@ def _real(version, state, constrained, ids, free=()):
 
 
 def test_side_by_side_shows_free_and_constrained_answers_and_token_identity():
-    demo = load_demo()
+    demo = _demo()
     same = [[1, 2, 3], [4, 5]]
     results = [_real("0.5.16", "off", ['{"a": 1}', '{"b": 2}'], same, free=["```json\n{\"a\": 1", "{\"b\": 2}"]),
                _real("0.5.16", "on", ['{"a": 1}', '{"b": 2}'], same)]

@@ -199,6 +199,9 @@ def test_cuda_test_sub_commands_split_the_cuda_tests_between_them(tmp_path):
     assert sorted(picked + by_other) == sorted(functions) and not set(picked) & set(by_other)
     assert greedy[greedy.index("--junitxml") + 1] == str(tmp_path / "tests-greedy.xml")
     assert other[other.index("--junitxml") + 1] == str(tmp_path / "tests-other.xml")
+    # a call cut short by its time limit still shows each test's start (-v) and every thread's stack (faulthandler)
+    for cmd in (greedy, other):
+        assert "-v" in cmd and cmd[cmd.index("-o") + 1] == "faulthandler_timeout=200", cmd
 
 
 @pytest.mark.parametrize("args, message", [

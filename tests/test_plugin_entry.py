@@ -130,7 +130,8 @@ def test_settings_are_read_once_into_one_object():
     assert (s.enabled, s.mask_threads, s.mask_time_limit_s, s.stats_file) == (False, 3, None, "/x/stats.json")
     d = Settings.from_env({})
     assert d.enabled and d.mask_time_limit_s == pytest.approx(0.05) and d.log_interval_s == 30.0
-    assert d.grammar_thread is True and d.timeline_file is None  # on by default: it keeps the native grammar work off the scheduler thread
+    # on by default: it keeps the native grammar work off the scheduler thread
+    assert d.grammar_thread is True and d.timeline_file is None
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "1"}).grammar_thread is True
     assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD": "0"}).grammar_thread is False
     with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD"):
