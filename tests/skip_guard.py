@@ -21,10 +21,13 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
+
+# The version of the SGLang distribution this interpreter has, or None: what tests/conftest.py reports as ``found`` in
+# a band skip (the same function).
+from sglang_eagle_overlap.plugin import sglang_version as installed_sglang
 
 __all__ = ["ENV", "ALLOWED_SKIPS", "AllowedSkip", "allowed_skip", "allowed_skips", "diagnose", "installed_sglang"]
 
@@ -44,15 +47,6 @@ class AllowedSkip:
 
 # The supported SGLang bands and the marker of each band's tests (tests/conftest.py skips the other band's).
 _VERSION_MARKERS = {"0.5.16": "sglang_0_5_16", "0.5.23": "sglang_0_5_23"}
-
-
-def installed_sglang() -> Optional[str]:
-    """The version of the SGLang distribution this interpreter has, or None (what tests/conftest.py reports as
-    ``found`` in a band skip)."""
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _other_band_reason(installed: Optional[str]) -> str:

@@ -184,7 +184,7 @@ def test_a_band_skip_is_allowed_only_for_the_band_not_installed(running, other):
     (what tests/conftest.py writes there). A test of the running band skipped with a band reason, or a reason naming
     another installed version, is a test that should have run here."""
     entries = allowed_skips(running)
-    mark = {"0.5.16": "sglang_0_5_16", "0.5.23": "sglang_0_5_23"}
+    mark = {v: f"sglang_{_mark(v)}" for v in (running, other)}
 
     def reason(wanted: str, found: str) -> str:
         return f"needs SGLang {wanted} installed (found {found}); run with that version's venv python"
@@ -202,7 +202,7 @@ def test_a_band_skip_is_allowed_only_for_the_band_not_installed(running, other):
 def test_xfails_are_not_skips(tmp_path):
     """An expected failure (xfail mark, not run or failing, ``pytest.xfail``) is reported by pytest as skipped with
     ``wasxfail``: the guard must not count it, or marking a known failure xfail would fail a run the skip guard
-should pass."""
+    should pass."""
     root = _tiny(tmp_path, "test_xfails.py", "test_cuda_allowed.py")
     rc, out = _pytest(["-p", "tests.skip_guard", "-rsx"], root, "1")
     assert rc == 0, out

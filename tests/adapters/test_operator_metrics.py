@@ -9,7 +9,6 @@ only the test moves (``core.step``'s and the timeline's ``perf_counter``), so ev
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 import torch
@@ -19,25 +18,20 @@ from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
 from sglang_eagle_overlap.core import step as step_mod
 from sglang_eagle_overlap.core import timeline as T
 from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eo_dev.helpers.clocks import FakeTime
 
 
-class _Clock:
-    """Stands in for the ``time`` module of the step and the timeline: ``perf_counter`` reads ``now``, moved only by
-    the phases below; every other function is the real one."""
+class _Clock(FakeTime):
+    """Stands in for the ``time`` module of the step and the timeline, moved only by the phases below; ``mask_s`` is
+    what the next mask build takes on it."""
 
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.perf_counter = lambda: self.now
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
+    mask_s = 0.0
 
 
 @pytest.fixture
 def clock(monkeypatch):
     """The test's clock, and a mask build that takes ``clock.mask_s`` on it (the phase after the tree wait)."""
     c = _Clock()
-    c.mask_s = 0.0
     monkeypatch.setattr(step_mod, "time", c)
     monkeypatch.setattr(T, "time", c)
     finish = TreeMaskBuilder.finish

@@ -119,8 +119,8 @@ def _allows(grammar, tok) -> bool:
 
 def test_extend_advances_prefill_token_and_skips_inflight_chunks():
     doc = _doc()
-    reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB)), stand_in_req("b", sglang_grammar("nested", VOCAB), chunks=1),
-            stand_in_req("c", None)]
+    reqs = [stand_in_req("a", sglang_grammar("nested", VOCAB)),
+            stand_in_req("b", sglang_grammar("nested", VOCAB), chunks=1), stand_in_req("c", None)]
     from sglang.srt.managers.utils import GenerationBatchResult
 
     res = GenerationBatchResult(next_token_ids=torch.tensor([doc[0], doc[0], 9]))

@@ -15,27 +15,13 @@ import torch
 
 from sglang_eo_dev.helpers.devices import verify_result
 from sglang_eo_dev.helpers.grammars import sglang_grammar
+from tests.adapters.test_v0_5_23_adapter import _batch, _ours_advance
 from tests.adapters.v0_5_23_state import active_state, stand_in_req  # noqa: F401 - active_state is a fixture
 
 pytestmark = [pytest.mark.sglang_0_5_23, pytest.mark.usefixtures("active_state")]
 
 VOCAB = 32000
 RUNNING = 70  # past the prune's floor of 64 entries
-
-
-def _batch(reqs, mode: str):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return SimpleNamespace(reqs=reqs, has_grammar=True, forward_mode=getattr(ForwardMode, mode))
-
-
-def _advance(result, batch):
-    from sglang_eagle_overlap.adapters.v0_5_23 import band
-    from sglang_eagle_overlap.integration import runtime
-
-    rt = runtime.active()
-    assert rt is not None
-    band.advance_grammar_fsm(rt, result, batch)
 
 
 def test_a_prefill_result_does_not_prune_the_running_requests(active_state):
@@ -45,20 +31,20 @@ def test_a_prefill_result_does_not_prune_the_running_requests(active_state):
     doc = list(doc_tokens("nested", random.Random(0), VOCAB))
     ledger = active_state.step.ledger
     running = [stand_in_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
-    _advance(verify_result([doc[4:6]] * RUNNING, 4), _batch(running, "DECODE"))
+    _ours_advance(verify_result([doc[4:6]] * RUNNING, 4), _batch(running, "DECODE"))
     assert len(ledger) == RUNNING and all(ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
     for req in running:
         req.output_ids += doc[4:6]
 
     new = stand_in_req("n", sglang_grammar("nested", VOCAB))
-    _advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])), _batch([new], "EXTEND"))
+    _ours_advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])), _batch([new], "EXTEND"))
     assert "n" in ledger
     assert all(f"a{i}" in ledger and ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
     assert active_state.step.stats.counters["ledger_forgets"] == 0
 
     # a run of a0 that would skip two tokens is still caught (the entry knows where its matcher is)
     running[0].output_ids += doc[6:8]
-    _advance(verify_result([doc[8:9]] + [doc[6:7]] * (RUNNING - 1), 4), _batch(running, "DECODE"))
+    _ours_advance(verify_result([doc[8:9]] + [doc[6:7]] * (RUNNING - 1), 4), _batch(running, "DECODE"))
     assert active_state.step.stats.counters["ledger_resets"] == 1
 
 
@@ -71,13 +57,13 @@ def test_a_request_no_longer_running_is_pruned(active_state):
     doc = list(doc_tokens("nested", random.Random(1), VOCAB))
     ledger = active_state.step.ledger
     running = [stand_in_req(f"a{i}", sglang_grammar("nested", VOCAB, doc[:4]), doc[:4]) for i in range(RUNNING)]
-    _advance(verify_result([doc[4:5]] * RUNNING, 4), _batch(running, "DECODE"))
+    _ours_advance(verify_result([doc[4:5]] * RUNNING, 4), _batch(running, "DECODE"))
     for req in running:
         req.output_ids += doc[4:5]
     running, gone = running[:10], running[10:]  # the others left the running batch (e.g. aborted while queued)
-    _advance(verify_result([doc[5:6]] * len(running), 4), _batch(running, "DECODE"))
-    _advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])),
-             _batch([stand_in_req("n", sglang_grammar("nested", VOCAB))], "EXTEND"))
+    _ours_advance(verify_result([doc[5:6]] * len(running), 4), _batch(running, "DECODE"))
+    _ours_advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])),
+                  _batch([stand_in_req("n", sglang_grammar("nested", VOCAB))], "EXTEND"))
     assert all(r.rid not in ledger for r in gone) and all(r.rid in ledger for r in running) and "n" in ledger
     assert active_state.step.stats.counters["ledger_forgets"] == len(gone)
 

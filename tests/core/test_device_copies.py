@@ -58,7 +58,7 @@ def test_apply_stages_its_row_map_and_positions_through_pinned_memory(pinned):
     draft = torch.zeros(bs * n, dtype=torch.int64, device=META)
     nxt = torch.zeros(bs, n, dtype=torch.int64, device=META)
     f.apply(draft, nxt, ("b", "a"), chain=True)  # another order: the row map goes up
-    assert (( bs,), torch.long) in pinned  # the row map
+    assert ((bs,), torch.long) in pinned  # the row map
     assert ((bs * 3,), torch.long) in pinned  # the chain's positions, made once per shape
     assert f._written is not None and f._written.device == META
 
@@ -98,8 +98,29 @@ def test_forced_counters_are_read_only_from_a_completed_copy(pinned):
     # copies never completing: bounded, the oldest is waited for
     for _ in range(10):
         f._add(torch.tensor([1, 0, 0, 0], dtype=torch.int64))
-    assert len(f._copies) <= 4 and sum(e.waits for e in api.events) >= 6
+    assert len(f._copies) == 4 and sum(e.waits for e in api.events) == 6  # the 5th to 10th copy each waited once
     assert f.proposed == 5 + 10 - len(f._copies)
+
+
+def test_four_counter_copies_may_be_in_flight_and_the_fifth_waits_for_the_oldest(pinned):
+    """Up to four copies of the counters may be in flight without any wait; the fifth step's copy waits for the
+    oldest (long done on a real device), whose counts are then read."""
+    f = ForcedDrafts(width=4)
+    api = StandInStreams()
+    f.streams = lambda dev: api  # the counters' device is treated as a GPU
+    for step in range(4):
+        f._add(torch.tensor([1, 0, 0, 0], dtype=torch.int64))
+        assert f.proposed == 0, step  # every copy still in flight: nothing read, nothing waited for
+    assert [e.waits for e in api.events] == [0, 0, 0, 0]
+    f._add(torch.tensor([1, 0, 0, 0], dtype=torch.int64))
+    assert [e.waits for e in api.events] == [1, 0, 0, 0, 0] and f.proposed == 1
+
+
+def test_chain_positions_are_cached_per_device(pinned):
+    """The same shape on another device gets positions on that device, not the cached ones of the first."""
+    f = ForcedDrafts(width=4)
+    assert f._positions(2, 4, 3, torch.device("cpu")).device.type == "cpu"
+    assert f._positions(2, 4, 3, META).device == META
 
 
 def test_pinned_tree_buffers_are_bounded_over_many_batch_sizes():

@@ -6,7 +6,7 @@ previous result's host-copy event, the first thing the grammar thread waits on."
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, List
+from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
 import torch
@@ -35,8 +35,16 @@ class RaisingEvent:
             raise self.error
 
 
-def _docs(k: int) -> List[List[int]]:
-    rng = random.Random(7)
+@pytest.fixture
+def step() -> Iterator[GrammarStep]:
+    """A step with the grammar thread and the native call (the path whose helper waits on the events)."""
+    s = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+    yield s
+    s.close()
+
+
+def _docs(k: int, seed: int = 7) -> List[List[int]]:
+    rng = random.Random(seed)
     return [list(G.doc_tokens("nested", rng, VOCAB)) for _ in range(k)]
 
 
@@ -45,16 +53,17 @@ def _tree(bs: int):
     return nxt, torch.full((bs, N), -1, dtype=torch.int64), torch.zeros(bs, N, dtype=torch.int64)
 
 
-def _start(step: GrammarStep, ready: Any, told: List[Any], on_done: Callable[[Any], None] = None):
-    """A grammar-thread job over two requests whose previous result (runs of two tokens) waits on ``ready``."""
-    docs = _docs(2)
-    ms = [G.matcher("nested", VOCAB) for _ in docs]
-    rows = [(f"r{i}", object(), 0, ms[i], i) for i in range(2)]
-    runs = result_runs([d[:2] for d in docs], ready=ready)
+def start_job(step: GrammarStep, ready: Any, on_done: Optional[Callable[[Any], None]], seed: int = 7,
+              rid: str = "r") -> Any:
+    """A grammar-thread job over two requests (``<rid>0``, ``<rid>1``, on chains of N nodes) whose previous result
+    (runs of two tokens of :func:`_docs` ``(2, seed)``) waits on ``ready``; ``on_done`` is told their outcomes."""
+    ms = [G.matcher("nested", VOCAB) for _ in range(2)]
+    rows = [(f"{rid}{i}", object(), 0, ms[i], i) for i in range(2)]
+    runs = result_runs([d[:2] for d in _docs(2, seed)], ready=ready)
     job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
-                           barrier=lambda: step.advance_later(rows, runs, on_done or told.append))
+                           barrier=lambda: step.advance_later(rows, runs, on_done))
     assert job.future is not None  # the thread's path: the event is waited on there
-    return job, ms, docs
+    return job
 
 
 @pytest.mark.parametrize("error", [
@@ -62,48 +71,35 @@ def _start(step: GrammarStep, ready: Any, told: List[Any], on_done: Callable[[An
     RuntimeError("CUDA error: device-side assert triggered"),
     torch.AcceleratorError("CUDA error: unspecified launch failure"),
 ])
-def test_a_device_error_in_the_grammar_thread_fails_the_step(error):
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+def test_a_device_error_in_the_grammar_thread_fails_the_step(step, error):
     told: List[Any] = []
-    try:
-        job, _, docs = _start(step, RaisingEvent(error), told)
-        with pytest.raises(DeviceFaultError, match="device failed") as got:
-            step.finish_build(job, device="cpu")
-        assert got.value.__cause__ is error
-        # the queued runs' tokens are behind the failed event: not fed, never fed twice
-        assert told == [] and step.ledger.tokens_fed == 0
-    finally:
-        step.close()
+    job = start_job(step, RaisingEvent(error), told.append)
+    with pytest.raises(DeviceFaultError, match="device failed") as got:
+        step.finish_build(job, device="cpu")
+    assert got.value.__cause__ is error
+    # the queued runs' tokens are behind the failed event: not fed, never fed twice
+    assert told == [] and step.ledger.tokens_fed == 0
 
 
-def test_a_grammar_failure_in_the_grammar_thread_still_falls_back_to_python():
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+def test_a_grammar_failure_in_the_grammar_thread_still_falls_back_to_python(step):
     told: List[Any] = []
-    try:
-        job, ms, docs = _start(step, RaisingEvent(ValueError("bad grammar state"), times=1), told)
-        out = step.finish_build(job, device="cpu")  # rebuilt request by request, no error raised
-        assert out.tree.failed == [] and len(told) == 1 and step.ledger.tokens_fed == 4
-    finally:
-        step.close()
+    job = start_job(step, RaisingEvent(ValueError("bad grammar state"), times=1), told.append)
+    out = step.finish_build(job, device="cpu")  # rebuilt request by request, no error raised
+    assert out.tree.failed == [] and len(told) == 1 and step.ledger.tokens_fed == 4
 
 
-def test_a_device_error_of_an_abandoned_step_is_raised_by_the_next_use():
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+def test_a_device_error_of_an_abandoned_step_is_raised_by_the_next_use(step):
     told: List[Any] = []
-    try:
-        _start(step, RaisingEvent(RuntimeError("CUDA error: device-side assert triggered")), told)
-        # the verify raised: no finish_build; the next ledger use settles the job
-        with pytest.raises(DeviceFaultError):
-            step.was_advanced("r0", 0)
-        assert step.ledger.tokens_fed == 0 and step._open is None  # settled: the next use does not raise again
-        assert not step.was_advanced("r0", 0)
-    finally:
-        step.close()
+    start_job(step, RaisingEvent(RuntimeError("CUDA error: device-side assert triggered")), told.append)
+    # the verify raised: no finish_build; the next ledger use settles the job
+    with pytest.raises(DeviceFaultError):
+        step.was_advanced("r0", 0)
+    assert step.ledger.tokens_fed == 0 and step._open is None  # settled: the next use does not raise again
+    assert not step.was_advanced("r0", 0)
 
 
 @pytest.mark.parametrize("abandoned", [False, True])
-def test_every_waiting_caller_is_told_when_one_raises_and_the_error_follows(abandoned):
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+def test_every_waiting_caller_is_told_when_one_raises_and_the_error_follows(step, abandoned):
     told: List[Any] = []
     docs = _docs(2)
     ms = [G.matcher("nested", VOCAB) for _ in docs]
@@ -117,18 +113,15 @@ def test_every_waiting_caller_is_told_when_one_raises_and_the_error_follows(aban
         step.advance_later([("r1", object(), 0, ms[1], 0)], result_runs([docs[1][:2]]),
                            lambda o: told.append(("second", o)))
 
-    try:
-        job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
-                               barrier=barrier)
-        with pytest.raises(KeyError, match="bookkeeping"):
-            if abandoned:
-                step.was_advanced("r0", 0)  # settles the job its verify left behind
-            else:
-                step.finish_build(job, device="cpu")
-        assert [name for name, _ in told] == ["first", "second"]
-        assert told[1][1][0].retained == tuple(docs[1][:2]) and step.ledger.tokens_fed == 4
-    finally:
-        step.close()
+    job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
+                           barrier=barrier)
+    with pytest.raises(KeyError, match="bookkeeping"):
+        if abandoned:
+            step.was_advanced("r0", 0)  # settles the job its verify left behind
+        else:
+            step.finish_build(job, device="cpu")
+    assert [name for name, _ in told] == ["first", "second"]
+    assert told[1][1][0].retained == tuple(docs[1][:2]) and step.ledger.tokens_fed == 4
 
 
 def test_device_errors_are_told_from_grammar_errors():

@@ -4,7 +4,7 @@ device pick after the verify and the replacement in the next step's tree (CPU te
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -76,7 +76,8 @@ def test_the_tiny_tokenizer_is_the_one_worked_out_by_hand():
     ('"key":"', (Q, KEY, QCOLON)),
     ('":"', (QCOLON,)),
     ('"', ()),  # all of it held back
-    ("}", (CLOSE,)),
+    ("}", (CLOSE,)),  # nothing held back: '}' followed by any probe character is still '}' then that character
+    ("}}", (CLOSE, CLOSE)),
     (":", (COLON,)),
     ('ab"', (A,)),  # two tokens held back: 'b"' + '}' is one token
     ("", ()),
@@ -165,10 +166,11 @@ def test_continuations_are_accepted_by_the_grammar_on_a_real_tokenizer(enc):
     assert seen >= 3  # keys of the nested schema are forced
 
 
-def _chain(bs: int, n: int):
+def _chain(bs: int, n: int) -> torch.Tensor:
+    """First-child links of ``bs`` chains of ``n`` nodes: node d's child is d + 1."""
     nxt = torch.full((bs, n), -1, dtype=torch.int64)
     nxt[:, :-1] = torch.arange(1, n)
-    return nxt, torch.full((bs, n), -1, dtype=torch.int64)
+    return nxt
 
 
 # The tree of the build tests (one request, n = 5), its root the last committed token '{' (in the matcher already):
@@ -215,19 +217,28 @@ def test_build_records_each_valid_nodes_continuation():
     assert _tiny_build(width=2)[:5, :, 0].tolist() == [[Q, KEY], [KEY, QCOLON], [e, e], [QCOLON, e], [e, e]]
 
 
-def _forced_after(rows: Sequence[Sequence[int]], accept_index: List[List[int]], rids: List[str], n: int,
-                  alternatives: Optional[Dict[Tuple[int, int], Sequence[int]]] = None) -> ForcedDrafts:
-    """A ForcedDrafts whose step had ``rows`` (flat rows -> tokens) and accepted ``accept_index``; ``alternatives``:
-    (row, forced position) -> that position's prefix alternatives."""
-    f = ForcedDrafts(width=4)
-    f.begin(len(rids) * n)
+def _load(f: ForcedDrafts, rows: Sequence[Sequence[int]],
+          alternatives: Optional[Dict[Tuple[int, int], Sequence[int]]] = None) -> None:
+    """After ``f.begin``: the host table of a build whose flat rows forced ``rows`` (what record() writes for
+    matchers whose continuations are these tokens); ``alternatives``: (row, forced position) -> that position's prefix
+    alternatives."""
+    assert f._host is not None
     for row, toks in enumerate(rows):
-        if toks:  # what record() writes for a matcher whose continuation is these tokens
-            f._host[row, : len(toks), 0] = toks
+        f._host[row, : len(toks), 0] = toks
     for (row, pos), alts in (alternatives or {}).items():
         f._host[row, pos, 1 : 1 + len(alts)] = alts
+
+
+def _forced_after(rows: Sequence[Sequence[int]], accept_index: Sequence[Any], rids: Sequence[str], n: int,
+                  alternatives: Optional[Dict[Tuple[int, int], Sequence[int]]] = None,
+                  width: int = 4) -> ForcedDrafts:
+    """A ForcedDrafts whose step (``len(rids)`` trees of ``n`` nodes) had the table :func:`_load` writes and then
+    accepted ``accept_index`` (flat rows, -1 padded)."""
+    f = ForcedDrafts(width=width)
+    f.begin(len(rids) * n)
+    _load(f, rows, alternatives)
     f.upload("cpu")
-    f.after_verify(torch.tensor(accept_index, dtype=torch.int32), rids)
+    f.after_verify(torch.tensor(accept_index, dtype=torch.int32), list(rids))
     return f
 
 
@@ -236,7 +247,7 @@ AB_ACCEPTED = [[0, 1, -1, -1], [4, -1, -1, -1]]  # request a accepted nodes 0 an
 
 def _ab(rows: Sequence[Sequence[int]]):
     """Two requests ``a``, ``b`` on chains of 4 nodes after a step that accepted :data:`AB_ACCEPTED`: (forced, links)."""
-    return _forced_after(rows, AB_ACCEPTED, ["a", "b"], 4), _chain(2, 4)[0]
+    return _forced_after(rows, AB_ACCEPTED, ["a", "b"], 4), _chain(2, 4)
 
 
 def test_next_step_gets_the_accepted_nodes_forced_tokens_on_its_top_path():
@@ -265,7 +276,7 @@ def test_rows_follow_requests_when_the_batch_changes():
     n = 4
     rows = [[], [50, 51], [], [], [], [], [60, 61, 62], []]
     f = _forced_after(rows, [[0, 1, -1, -1], [4, 5, 6, -1]], ["a", "b"], n)
-    nxt, _ = _chain(3, n)
+    nxt = _chain(3, n)
     draft = torch.tensor([1, 2, 3, 4, 60, 7, 8, 9, 50, 7, 8, 9])
     f.apply(draft, nxt, ["new", "b", "a"])  # reordered, one new
     assert draft.tolist() == [1, 2, 3, 4, 60, 61, 62, 9, 50, 51, 8, 9]
@@ -392,7 +403,7 @@ def test_the_draft_models_own_tokenization_of_the_forced_text_is_kept():
     rows = [[], [50, 51, 52, 53], [], [], [60, 61, 62], [], [], []]
     # request a: 90 / 91 spell a prefix of what 52 starts; request b: 80 of what 61 starts
     f = _forced_after(rows, AB_ACCEPTED, ["a", "b"], n, alternatives={(1, 2): [90, 91], (4, 1): [80]})
-    nxt = _chain(2, n)[0]
+    nxt = _chain(2, n)
     draft = torch.tensor([50, 7, 91, 9, 60, 5, 8, 9])  # a: 7 is junk (replaced), 91 an alternative (kept, and 9 after it)
     f.apply(draft, nxt, ["a", "b"])  # b: 5 is junk at position 1: replaced, and position 2 too
     assert draft.tolist() == [50, 51, 91, 9, 60, 61, 62, 9]

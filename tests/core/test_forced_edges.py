@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import forced as forced_mod
-from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives, stable_tokens
-from sglang_eo_dev.helpers.devices import FlagEvent
-from tests.core.test_forced_drafts import CLOSE, K, KE, KEY, OPEN, Q, QCOLON, tiny_decode, tiny_encode
+from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives
+from tests.core.test_forced_drafts import (CLOSE, K, KE, KEY, OPEN, Q, QCOLON, _ab, _chain, _forced_after, _load,
+                                           tiny_decode, tiny_encode)
 
 
 class Forcing:
@@ -133,14 +133,26 @@ def _x_tokens(s: str) -> List[int]:
     return out
 
 
+def _x_decode(ids: Sequence[int]) -> str:
+    return "".join("x" * i for i in ids)
+
+
 def test_alternatives_are_single_tokens_of_at_most_sixteen_characters():
-    """The lookup tries prefixes up to 16 characters (a longer single token is not looked for), shortest first, up
-    to ``limit``. Forced: 'x' then 'x' * 20 (one token); the prefixes of the 20 x's are tokens 1..20."""
+    """The lookup tries prefixes up to 16 characters (a longer single token is not looked for, nor a longer prefix
+    tokenized), shortest first, up to ``limit``. Forced: 'x' then 'x' * 20 (one token); the prefixes of the 20 x's
+    are tokens 1..20."""
     s = "x" * 21
     toks = (1, 20)
-    assert prefix_alternatives(_x_tokens, lambda ids: "".join("x" * i for i in ids), s, toks, limit=100) == (
-        (), tuple(range(1, 17)))
-    assert prefix_alternatives(_x_tokens, lambda ids: "".join("x" * i for i in ids), s, toks) == ((), (1, 2, 3, 4))
+    assert prefix_alternatives(_x_tokens, _x_decode, s, toks, limit=100) == ((), tuple(range(1, 17)))
+    assert prefix_alternatives(_x_tokens, _x_decode, s, toks) == ((), (1, 2, 3, 4))
+    seen: List[str] = []
+
+    def batch(texts: Sequence[str]) -> List[List[int]]:
+        seen.extend(texts)
+        return [_x_tokens(t) for t in texts]
+
+    prefix_alternatives(_x_tokens, _x_decode, s, toks, encode_batch=batch)
+    assert max(len(t) for t in seen) == 16
 
 
 def test_each_prefix_is_tokenized_once():
@@ -158,12 +170,6 @@ def test_each_prefix_is_tokenized_once():
     assert len(seen) == len(set(seen)) and set(seen) == {'"', '":', '":"', '":":'}
 
 
-def test_stable_tokens_of_a_string_every_probe_keeps_whole():
-    """Nothing to hold back: ``'}'`` followed by any probe character is still ``'}'`` then that character."""
-    assert stable_tokens(tiny_encode, "}") == (CLOSE,)
-    assert stable_tokens(tiny_encode, "}}") == (CLOSE, CLOSE)
-
-
 def test_the_table_has_one_column_per_alternative_and_the_forced_token():
     f = _forced(width=3)
     f.decode = tiny_decode
@@ -178,30 +184,9 @@ def test_the_table_has_one_column_per_alternative_and_the_forced_token():
 # -- the device side: what after_verify keeps and apply writes, at the edges of its inputs -------------------------
 
 
-def _chain(bs: int, n: int) -> torch.Tensor:
-    """First-child links of ``bs`` chains of ``n`` nodes: node d's child is d + 1."""
-    nxt = torch.full((bs, n), -1, dtype=torch.int64)
-    nxt[:, :-1] = torch.arange(1, n)
-    return nxt
-
-
-def _after(rows: Sequence[Sequence[int]], accept_index: Sequence[Sequence[int]], rids: Sequence[str], n: int,
-           width: int = 4) -> ForcedDrafts:
-    """A ForcedDrafts after a step whose table held ``rows`` (flat row -> forced tokens) and whose verify accepted
-    ``accept_index`` (flat rows, -1 padded)."""
-    f = ForcedDrafts(width=width)
-    f.begin(len(rids) * n)
-    assert f._host is not None
-    for row, toks in enumerate(rows):
-        f._host[row, : len(toks), 0] = toks
-    f.upload("cpu")
-    f.after_verify(torch.tensor(accept_index, dtype=torch.int32), list(rids))
-    return f
-
-
 def test_the_last_row_of_the_table_can_be_picked():
     """One request whose verify accepted its whole chain (nodes 0..3): the pick is the table's last row."""
-    f = _after([[], [], [], [50, 51, 52, 53]], [[0, 1, 2, 3]], ["a"], 4)
+    f = _forced_after([[], [], [], [50, 51, 52, 53]], [[0, 1, 2, 3]], ["a"], 4)
     draft = torch.tensor([50, 7, 8, 9])
     f.apply(draft, _chain(1, 4), ["a"])
     assert draft.tolist() == [50, 51, 52, 53]
@@ -214,14 +199,7 @@ def test_the_last_row_of_the_table_can_be_picked():
 def test_a_verify_result_that_is_not_the_batchs_keeps_nothing(accept_index):
     """``after_verify`` given an accept index that does not have one row per request keeps no pick: the next step's
     drafts stay as the draft model wrote them (without an error)."""
-    rows = [[], [50, 51, 52, 53], [], [], [60, 61, 62], [], [], []]
-    f = ForcedDrafts(width=4)
-    f.begin(8)
-    assert f._host is not None
-    for row, toks in enumerate(rows):
-        f._host[row, : len(toks), 0] = toks
-    f.upload("cpu")
-    f.after_verify(torch.tensor(accept_index, dtype=torch.int32), ["a", "b"])
+    f = _forced_after([[], [50, 51, 52, 53], [], [], [60, 61, 62], [], [], []], accept_index, ["a", "b"], 4)
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])
     f.apply(draft, _chain(2, 4), ["a", "b"])
     assert draft.tolist() == [50, 7, 8, 9, 60, 7, 8, 9]
@@ -241,7 +219,7 @@ def test_a_step_without_a_table_keeps_nothing():
 def test_a_discarded_step_counts_none_of_its_replacements():
     """Drafts replaced by ``apply`` in a step that then goes to another verify path (``discard``) are not counted by
     the next ``after_verify``."""
-    f = _after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
+    f = _forced_after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
     draft = torch.tensor([50, 7, 8, 9])
     f.apply(draft, _chain(1, 4), ["a"])
     assert draft.tolist() == [50, 51, 52, 53]
@@ -253,7 +231,7 @@ def test_a_discarded_step_counts_none_of_its_replacements():
 @pytest.mark.parametrize("next_token", [torch.full((1, 4), -1), torch.full((2,), -1)], ids=["rows-differ", "flat"])
 def test_links_that_are_not_the_batchs_replace_nothing(next_token):
     """``apply`` given first-child links without one row per request (or not 2-D) leaves the drafts alone."""
-    f = _after([[], [50, 51, 52, 53], [], [], [], [], [], []], [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], 4)
+    f, _ = _ab([[], [50, 51, 52, 53], [], [], [], [], [], []])
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])
     f.apply(draft, next_token, ["a", "b"])
     assert draft.tolist() == [50, 7, 8, 9, 60, 7, 8, 9]
@@ -263,7 +241,8 @@ def test_links_that_are_not_the_batchs_replace_nothing(next_token):
 def test_the_replacement_stops_at_the_trees_last_node(chain):
     """A chain of 3 nodes after a verify 3 drafts deep, 4 forced tokens at hand: only nodes 1 and 2 can take them
     (levels = n - 1 = 2); request b's root, right after a's last node, is never written."""
-    f = _after([[], [50, 51, 52, 53], [], [], [], []], [[0, 1, -1, -1], [3, -1, -1, -1]], ["a", "b"], 3, width=5)
+    f = _forced_after([[], [50, 51, 52, 53], [], [], [], []], [[0, 1, -1, -1], [3, -1, -1, -1]], ["a", "b"], 3,
+                      width=5)
     draft = torch.tensor([50, 7, 8, 60, 7, 8])
     f.apply(draft, _chain(2, 3), ["a", "b"], chain=chain)
     assert draft.tolist() == [50, 51, 52, 60, 7, 8]
@@ -273,7 +252,7 @@ def test_the_replacement_stops_at_the_trees_last_node(chain):
 def test_the_replacement_stops_at_the_tables_width(chain):
     """Width 2 (the root check and one draft): whatever the tree's depth (4 nodes) and the verify's (3 drafts), one
     draft is replaced."""
-    f = _after([[], [50, 51], [], []], [[0, 1, -1, -1]], ["a"], 4, width=2)
+    f = _forced_after([[], [50, 51], [], []], [[0, 1, -1, -1]], ["a"], 4, width=2)
     draft = torch.tensor([50, 7, 8, 9])
     f.apply(draft, _chain(1, 4), ["a"], chain=chain)
     assert draft.tolist() == [50, 51, 8, 9]
@@ -282,24 +261,22 @@ def test_the_replacement_stops_at_the_tables_width(chain):
 def test_a_request_in_the_first_row_of_a_changed_batch_still_gets_its_tokens():
     """The batch changed (``b`` left, ``c`` is new) and the request kept (``a``) was the previous step's first row: its
     forced tokens are still found (row 0 of the previous step is a row like any other)."""
-    f = _after([[], [50, 51, 52], [], [], [], [], [], []], [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], 4)
+    f, nxt = _ab([[], [50, 51, 52], [], [], [], [], [], []])
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])
-    f.apply(draft, _chain(2, 4), ["a", "c"])
+    f.apply(draft, nxt, ["a", "c"])
     assert draft.tolist() == [50, 51, 52, 9, 60, 7, 8, 9]
 
 
 def test_chain_positions_are_cached_per_shape():
     """One ForcedDrafts over steps of two shapes (2 chains of 4, then 1 chain of 6): each step's positions are its own
     shape's, and a shape met again reuses its positions."""
-    f = _after([[], [50, 51, 52, 53], [], [], [], [], [], []], [[0, 1, -1, -1], [4, -1, -1, -1]], ["a", "b"], 4)
+    f, nxt = _ab([[], [50, 51, 52, 53], [], [], [], [], [], []])
     draft = torch.tensor([50, 7, 8, 9, 60, 7, 8, 9])
-    f.apply(draft, _chain(2, 4), ["a", "b"], chain=True)
+    f.apply(draft, nxt, ["a", "b"], chain=True)
     assert draft.tolist() == [50, 51, 52, 53, 60, 7, 8, 9]
     g_rows = [[], [], [70, 71, 72, 73], [], [], []]
     f.begin(6)
-    assert f._host is not None
-    for row, toks in enumerate(g_rows):
-        f._host[row, : len(toks), 0] = toks
+    _load(f, g_rows)
     f.upload("cpu")
     f.after_verify(torch.tensor([[0, 1, 2, -1]], dtype=torch.int32), ["a"])
     draft = torch.tensor([70, 7, 8, 9, 5, 5])
@@ -312,7 +289,7 @@ def test_chain_positions_are_cached_per_shape():
 
 def test_token_zero_is_a_forced_token_like_any_other():
     """Token id 0 is an ordinary token in many vocabularies ('!' in GPT-2's): forced, it replaces a draft."""
-    f = _after([[], [50, 0, 52], [], []], [[0, 1, -1, -1]], ["a"], 4)
+    f = _forced_after([[], [50, 0, 52], [], []], [[0, 1, -1, -1]], ["a"], 4)
     draft = torch.tensor([50, 7, 8, 9])
     f.apply(draft, _chain(1, 4), ["a"])
     assert draft.tolist() == [50, 0, 52, 9]
@@ -320,7 +297,7 @@ def test_token_zero_is_a_forced_token_like_any_other():
 
 def test_int32_links_take_the_same_path():
     """First-child links given as int32 (the gather needs int64 indices: they are converted)."""
-    f = _after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
+    f = _forced_after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
     draft = torch.tensor([50, 7, 8, 9])
     f.apply(draft, _chain(1, 4).to(torch.int32), ["a"])
     assert draft.tolist() == [50, 51, 52, 53]
@@ -333,7 +310,7 @@ def test_a_top_path_shorter_than_the_forced_tokens_keeps_what_it_replaced():
         2 ── 3          (the first-child links of nodes not on the top path: left alone)
 
     The levels past the path's end must not undo node 1's replacement, nor count anything."""
-    f = _after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
+    f = _forced_after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
     nxt = torch.tensor([[1, -1, 3, -1]])
     draft = torch.tensor([50, 7, 8, 9])
     f.apply(draft, nxt, ["a"])
@@ -345,7 +322,7 @@ def test_a_top_path_shorter_than_the_forced_tokens_keeps_what_it_replaced():
 def test_the_draft_models_first_alternative_stops_the_replacement_too():
     """The draft token at position 2 is the first of that position's prefix alternatives: kept, and everything below
     it (the replacement is a prefix of the top path)."""
-    f = _after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
+    f = _forced_after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
     assert f._picked is not None
     rows = f._picked[1].clone()
     rows[0, 2, 1:3] = torch.tensor([90, 91])  # position 2's alternatives: 90, then 91
@@ -412,48 +389,3 @@ def test_with_a_batch_encoder_every_lookup_goes_through_it():
     calls.clear()
     assert prefix_alternatives(encode, tiny_decode, "}", (CLOSE,), encode_batch=batch) == ((),)
     assert calls == [] and single == []
-
-
-def test_no_prefix_longer_than_sixteen_characters_is_tokenized():
-    seen: List[str] = []
-
-    def batch(texts: Sequence[str]) -> List[List[int]]:
-        seen.extend(texts)
-        return [_x_tokens(t) for t in texts]
-
-    prefix_alternatives(_x_tokens, lambda ids: "".join("x" * i for i in ids), "x" * 21, (1, 20), encode_batch=batch)
-    assert max(len(t) for t in seen) == 16
-
-
-def test_four_counter_copies_may_be_in_flight_and_the_fifth_waits_for_the_oldest(monkeypatch):
-    """On a device the counters reach the host by copies that are read only once complete. Up to four may be in
-    flight without any wait; the fifth step's copy waits for the oldest (long done on a real device), whose counts
-    are then read."""
-    from sglang_eagle_overlap.core import tree_copy
-
-    monkeypatch.setattr(tree_copy, "pinned_host", lambda shape, dtype: torch.empty(shape, dtype=dtype))
-    events: List[FlagEvent] = []
-
-    class Streams:
-        def Event(self) -> FlagEvent:  # noqa: N802 - torch.cuda's name
-            events.append(FlagEvent())
-            return events[-1]
-
-    f = ForcedDrafts(width=4)
-    f.streams = lambda dev: Streams()  # the counters' device is treated as a GPU
-    for step in range(4):
-        f._add(torch.tensor([1, 0, 0, 0], dtype=torch.int64))
-        assert f.proposed == 0, step  # every copy still in flight: nothing read, nothing waited for
-    assert [e.waits for e in events] == [0, 0, 0, 0]
-    f._add(torch.tensor([1, 0, 0, 0], dtype=torch.int64))
-    assert [e.waits for e in events] == [1, 0, 0, 0, 0] and f.proposed == 1
-
-
-def test_chain_positions_are_cached_per_device(monkeypatch):
-    """The same shape on another device gets positions on that device (``meta`` stands for a GPU here)."""
-    from sglang_eagle_overlap.core import tree_copy
-
-    monkeypatch.setattr(tree_copy, "pinned_host", lambda shape, dtype: torch.empty(shape, dtype=dtype))
-    f = ForcedDrafts(width=4)
-    assert f._positions(2, 4, 3, torch.device("cpu")).device.type == "cpu"
-    assert f._positions(2, 4, 3, torch.device("meta")).device.type == "meta"

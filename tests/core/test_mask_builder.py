@@ -20,6 +20,7 @@ import xgrammar as xgr
 from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.clocks import FakeTime
 from sglang_eo_dev.helpers.native import native
 from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, NotAMatcher, _setup
 
@@ -208,19 +209,6 @@ def test_host_grammar_rejecting_on_accept_makes_an_invalid_node():
     assert [bool((rows[i] == -2).all()) for i in range(N)] == [True, False, True, False, False]
     assert [bool((rows[i] == -1).all()) for i in range(N)] == [False, True, False, True, True]
     assert got.valid_nodes == 2 and got.failed == [] and g.depth == 0
-
-
-class FakeTime:
-    """Stands in for the ``time`` module of the module under test: ``perf_counter`` reads ``now``, which only the
-    test moves; every other function is the real one. ``perf_counter`` is one object (an instance attribute), so a
-    builder given it as its clock still counts as on "the real clock" (``clock is time.perf_counter``)."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-        self.perf_counter = lambda: self.now
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
 
 
 class SlowFills(_DepthGrammar):

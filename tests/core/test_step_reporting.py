@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import threading
-import time
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.core.ledger import ResultRuns
 from sglang_eagle_overlap.core.mask import MaskRequest
 from sglang_eagle_overlap.core.stats import COUNTERS
+from sglang_eo_dev.helpers.clocks import FakeTime
 from sglang_eo_dev.helpers.grammars import Recorder, doc_tokens, matcher
 from sglang_eo_dev.helpers.native import native
 
@@ -162,18 +162,6 @@ class _Tree:
         return self.host
 
 
-class _Clock:
-    """Stands in for ``core.step``'s ``time`` module: ``perf_counter`` reads ``now``, which only the test moves (every
-    thread reads the same clock); every other function is the real one."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.perf_counter = lambda: self.now
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
-
-
 @pytest.mark.parametrize("rank, asked, allowed", [(None, True, True), ((0, 2), True, False), (None, False, False)])
 def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allowed):
     """A job's time-limit permission is the caller's and the process's (TP ranks never), its forced flag says whether
@@ -183,7 +171,7 @@ def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allo
     barrier included, waits for finish_build) 0 s; with the grammar thread the barrier's 0.25 s, which is also the
     job's advance time."""
     _rank(monkeypatch, rank)
-    clock = _Clock()
+    clock = FakeTime()  # core.step's time module
     monkeypatch.setattr(step_mod, "time", clock)
     names = []
 

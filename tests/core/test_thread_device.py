@@ -7,19 +7,12 @@ waits on them."""
 
 from __future__ import annotations
 
-import random
 import threading
 from typing import Dict, List, Optional, Tuple
 
-import torch
-
-from sglang_eagle_overlap.core import GrammarStep, MaskRequest
-from sglang_eo_dev.helpers import grammars as G
-from sglang_eo_dev.helpers.devices import result_runs
+from sglang_eagle_overlap.core import GrammarStep
 from sglang_eo_dev.helpers.native import native
-
-VOCAB = 512
-N = 4
+from tests.core.test_device_faults import start_job
 
 
 class StandInDevices:
@@ -48,18 +41,9 @@ class NotingEvent:
         self.waits.append((threading.get_ident(), self.devices.current()))
 
 
-def _job(step: GrammarStep, event: NotingEvent, seed: int):
-    rng = random.Random(seed)
-    docs = [list(G.doc_tokens("nested", rng, VOCAB)) for _ in range(2)]
-    ms = [G.matcher("nested", VOCAB) for _ in docs]
-    rows = [(f"r{seed}.{i}", object(), 0, ms[i], i) for i in range(2)]
-    runs = result_runs([d[:2] for d in docs], ready=event)
-    nxt = torch.tensor([[1, 2, 3, -1]] * 2, dtype=torch.int64)
-    tree = step.copy_tree(nxt, torch.full((2, N), -1, dtype=torch.int64), torch.zeros(2, N, dtype=torch.int64))
-    job = step.start_build([MaskRequest(matcher=m) for m in ms], tree, vocab_size=VOCAB,
-                           barrier=lambda: step.advance_later(rows, runs, None))
-    assert job.future is not None
-    step.finish_build(job, device="cpu")
+def _job(step: GrammarStep, event: NotingEvent, seed: int) -> None:
+    """One grammar-thread step whose previous result waits on ``event`` (requests of its own per seed)."""
+    step.finish_build(start_job(step, event, None, seed=seed, rid=f"r{seed}."), device="cpu")
 
 
 def test_the_grammar_thread_waits_on_events_on_the_scheduler_threads_device():
