@@ -276,6 +276,54 @@ def build_tree_kernel_efficient_cpu(
         prefix_sum += seq_len
 
 
+class _Tree:
+    """A verify tree's per-request lists (``[b][node]``), read from the ops' tensors once per call."""
+
+    def __init__(self, candidates: torch.Tensor, retrive_index: torch.Tensor, retrive_next_token: torch.Tensor,
+                 retrive_next_sibling: torch.Tensor) -> None:
+        self.bs, d = candidates.shape[0], candidates.shape[1]
+        self.cand, self.rindex, self.rnext, self.rsib = (
+            [[int(x) for x in row] for row in t.reshape(self.bs, d).tolist()]
+            for t in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
+        )
+
+
+def _walk(
+    tree: _Tree,
+    b: int,
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    accepts: Callable[[int, int], bool],
+) -> list[int]:
+    """The tree walk both verify ops share, for request ``b``; returns the accepted path's tree positions, root first.
+
+    From the root (position 0), the current node's children are tried in sibling order; ``accepts(node, child)``
+    decides each (called at most once per child, so it may count or record rejections), and the first accepted child
+    becomes the current node. The walk stops at a node with no accepted child, or after ``accept_index.shape[1] - 1``
+    accepted drafts. Written: ``accept_index[b]`` (the path's retrieve indices), ``predicts`` at every path node but
+    the last (the accepted child's draft token) and ``accept_token_num[b]`` (accepted drafts); the bonus token at the
+    last node is the caller's.
+    """
+    cand, rindex, rnext, rsib = tree.cand[b], tree.rindex[b], tree.rnext[b], tree.rsib[b]
+    S = accept_index.shape[1]
+    acc_row = accept_index.view(-1, S)[b]
+    pred_flat = predicts.view(-1)
+    path = [0]
+    acc_row[0] = rindex[0]
+    while len(path) < S:
+        child = rnext[path[-1]]
+        while child != -1 and not accepts(path[-1], child):
+            child = rsib[child]
+        if child == -1:
+            break
+        pred_flat[rindex[path[-1]]] = cand[child]
+        acc_row[len(path)] = rindex[child]
+        path.append(child)
+    accept_token_num.view(-1)[b] = len(path) - 1
+    return path
+
+
 @_kernel
 def verify_tree_greedy_cpu(
     predicts: torch.Tensor,  # written
@@ -294,38 +342,17 @@ def verify_tree_greedy_cpu(
     for every accepted node plus the final (bonus) one; ``accept_token_num[b]`` counts accepted drafts (bonus
     excluded). Keyword names keep SGLang's ``retrive_*`` spelling because the caller passes them by name.
     """
-    bs, D = candidates.shape[0], candidates.shape[1]
-    S = accept_index.shape[1]
-    cand = candidates.reshape(bs, D).tolist()
-    rindex = retrive_index.reshape(bs, D).tolist()
-    rnext = retrive_next_token.reshape(bs, D).tolist()
-    rsib = retrive_next_sibling.reshape(bs, D).tolist()
+    tree = _Tree(candidates, retrive_index, retrive_next_token, retrive_next_sibling)
     target = target_predict.reshape(-1).tolist()
-    pred_flat = predicts.view(-1)
-    acc = accept_index.view(bs, S)
-    for b in range(bs):
-        last = int(rindex[b][0])
-        acc[b, 0] = last
-        num = 0
-        cur = 0
-        for j in range(1, S):
-            cur = int(rnext[b][cur])
-            want = int(target[last])
-            matched = False
-            while cur != -1:
-                if int(cand[b][cur]) == want:
-                    draft_index = int(rindex[b][cur])
-                    pred_flat[last] = want
-                    num += 1
-                    acc[b, num] = draft_index
-                    last = draft_index
-                    matched = True
-                    break
-                cur = int(rsib[b][cur])
-            if not matched:
-                break
-        accept_token_num.view(-1)[b] = num
-        pred_flat[last] = int(target[last])
+    for b in range(tree.bs):
+        cand, rindex = tree.cand[b], tree.rindex[b]
+
+        def matches_target(node: int, child: int) -> bool:
+            return cand[child] == target[rindex[node]]
+
+        path = _walk(tree, b, predicts, accept_index, accept_token_num, matches_target)
+        last = rindex[path[-1]]
+        predicts.view(-1)[last] = int(target[last])
 
 
 # --- sampling verify ---------------------------------------------------------------------------------------------
@@ -405,48 +432,33 @@ def _tree_sampling(
     test of step 2 only; ``resample_empty_residual`` draws the bonus token from ``target_probs[b, cur]`` when the
     residual of step 4 is empty instead of returning ``vocab - 1``.
     """
+    tree = _Tree(candidates, retrive_index, retrive_next_token, retrive_next_sibling)
     bs, D = candidates.shape[0], candidates.shape[1]
     S = accept_index.shape[1]
     V = target_probs.shape[-1]
     probs = target_probs.reshape(bs, D, V)
     tests = probs if accept_probs is None else accept_probs.reshape(bs, D, V)
     rejected = draft_probs.view(bs, D, V)
-    cand = candidates.reshape(bs, D).tolist()
-    rindex = retrive_index.reshape(bs, D).tolist()
-    rnext = retrive_next_token.reshape(bs, D).tolist()
-    rsib = retrive_next_sibling.reshape(bs, D).tolist()
     coins = uniform_samples.reshape(bs, D).tolist()
     final_coins = uniform_samples_for_final_sampling.reshape(-1).tolist()
     pred_flat = predicts.view(-1)
-    acc_out = accept_index.view(bs, S)
     for b in range(bs):
-        node = 0  # the node whose target distribution the walk is at
-        coin = float(coins[b][0])
-        prob_acc = 0.0
-        last = int(rindex[b][0])
-        acc_out[b, 0] = last
-        num = 0
-        cur = 0
-        for _ in range(1, S):
-            cur = int(rnext[b][cur])
-            while cur != -1:
-                token = int(cand[b][cur])
-                single = float(tests[b, node, token])
-                prob_acc += single
-                if coin <= prob_acc / threshold_acc or single >= threshold_single:
-                    prob_acc = 0.0
-                    node = cur
-                    coin = float(coins[b][cur])
-                    pred_flat[last] = token
-                    num += 1
-                    last = int(rindex[b][cur])
-                    acc_out[b, num] = last
-                    break
-                rejected[b, node, token] = probs[b, node, token]
-                cur = int(rsib[b][cur])
-            if cur == -1:
-                break
-        accept_token_num.view(-1)[b] = num
+        cand, node_coins = tree.cand[b], coins[b]
+        prob_acc = 0.0  # target mass of the current node's children tried so far (one coin per node)
+
+        def coin_accepts(node: int, child: int) -> bool:
+            nonlocal prob_acc
+            token = cand[child]
+            single = float(tests[b, node, token])
+            prob_acc += single
+            if float(node_coins[node]) <= prob_acc / threshold_acc or single >= threshold_single:
+                prob_acc = 0.0
+                return True
+            rejected[b, node, token] = probs[b, node, token]
+            return False
+
+        path = _walk(tree, b, predicts, accept_index, accept_token_num, coin_accepts)
+        node, num, last = path[-1], len(path) - 1, tree.rindex[b][path[-1]]
         q = probs[b, node].to(torch.float32)
         residual = q if num == S - 1 else torch.clamp(q - rejected[b, node].to(torch.float32), min=0.0)
         total = float(residual.sum())

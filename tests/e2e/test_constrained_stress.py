@@ -42,7 +42,6 @@ import requests
 from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
 from sglang_eo_dev.cpu_runtime.ledger_probe import PRUNE_FLOOR
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
-from sglang_eo_dev.cpu_runtime.stats import read_stats
 
 from .common import EBNF, REGEX, ebnf_matches, output_ids, wait_idle
 
@@ -128,11 +127,8 @@ def _ok(r: requests.Response) -> Dict[str, Any]:
 def server(engine_pool, tmp_path_factory):
     engine_pool.close()  # one engine at a time on this machine
     tmp = tmp_path_factory.mktemp("constrained-stress")
-    plugin_stats = str(tmp / "plugin-stats.json")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SGLANG_EAGLE_OVERLAP_STATS_FILE", plugin_stats)
-        srv = launch_server(CFG, log_path=str(tmp / "server.log"), stats_file=str(tmp / "stats.json"))
-    srv.plugin_stats_file = plugin_stats
+    srv = launch_server(CFG, log_path=str(tmp / "server.log"), stats_file=str(tmp / "stats.json"),
+                        plugin_stats_file=str(tmp / "plugin-stats.json"))
     yield srv
     srv.stop()
 
@@ -154,7 +150,7 @@ def references(server) -> Dict[str, List[int]]:
 
 
 def _plugin(server) -> Dict[str, Any]:
-    stats = read_stats(server.plugin_stats_file)
+    stats = server.plugin_stats()
     assert stats.get("active") is True, stats
     return stats
 

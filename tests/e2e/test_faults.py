@@ -34,7 +34,6 @@ import requests
 from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
 from sglang_eo_dev.cpu_runtime.faults import RAISE_MARKER, RAISE_MATCHER_MARKER, SLOW_MARKER, SLOW_MATCHER_MARKER
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
-from sglang_eo_dev.cpu_runtime.stats import read_stats
 
 from .common import output_ids, wait_idle
 
@@ -91,13 +90,11 @@ SURVIVORS = {
 def server(engine_pool, tmp_path_factory):
     engine_pool.close()  # one engine at a time on this machine
     tmp = tmp_path_factory.mktemp("faults")
-    plugin_stats = str(tmp / "plugin-stats.json")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SGLANG_EO_FAULTS", "1")
         mp.setenv("SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS", str(MASK_LIMIT_MS))
-        mp.setenv("SGLANG_EAGLE_OVERLAP_STATS_FILE", plugin_stats)
-        srv = launch_server(CFG, log_path=str(tmp / "server.log"), stats_file=str(tmp / "stats.json"))
-    srv.plugin_stats_file = plugin_stats
+        srv = launch_server(CFG, log_path=str(tmp / "server.log"), stats_file=str(tmp / "stats.json"),
+                            plugin_stats_file=str(tmp / "plugin-stats.json"))
     yield srv
     srv.stop()
 
@@ -226,7 +223,7 @@ def test_faults_leave_the_server_serving(server):
     aborted = set(stats.get("abort_requests", []))  # the scheduler was told to abort each victim, the
     for i in range(2):  # disconnected streams by SGLang's own disconnect detection
         assert f"eo-abort-{i}" in aborted and f"eo-disconnect-{i}" in aborted, stats.get("abort_requests")
-    plugin = read_stats(server.plugin_stats_file)
+    plugin = server.plugin_stats()
     assert plugin.get("active") is True, plugin
     assert plugin.get("mask_failures") == 2, plugin  # each raising request was caught by the plugin, once
     assert plugin.get("mask_timeouts", 0) >= 2, plugin  # both slow builds hit the time limit

@@ -29,39 +29,41 @@ runs differ; the bounds above are per run.
 from __future__ import annotations
 
 import collections
-import json
-import os
 import re
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
-from sglang_eo_dev.cpu_runtime.engine import EngineConfig, apply_cpu_env, engine_kwargs
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig, model_pair
+from sglang_eo_dev.cpu_runtime.soft_pair import SOFT_LOGIT as LOGIT  # the target's successor logit
 from sglang_eo_dev.cpu_runtime.spec_sampling import BIAS_MARKER, ENV_FLAG
-from sglang_eo_dev.cpu_runtime.stats import read_stats
 
 pytestmark = pytest.mark.engine
 
 REGEX = r"( river| lake)( under| over)( bright| dark)"
-LOGIT = 3.0  # the target's successor logit (soft follower pair)
 N = 300  # samples per variant
 ALPHA = 2e-5  # per comparison
 MIN_EXPECTED = 10.0
 PARAMS = {"temperature": 1.0, "max_new_tokens": 24, "regex": REGEX}
 
-# variant -> (speculative, forced drafts, rid prefix)
-VARIANTS: dict[str, tuple[bool, Optional[bool], str]] = {
-    "nonspec": (False, None, "ref"),
-    "forced-off": (True, False, "plugin"),
-    "biased": (True, False, BIAS_MARKER),  # runs in the forced-off engine
-    "forced-on": (True, True, "plugin"),
+
+def _cfg(spec: bool, forced: bool | None = None) -> EngineConfig:
+    return EngineConfig(pair="soft-follower", spec="topk1" if spec else None, product_plugin=spec,
+                        forced_drafts=forced, max_running_requests=32)
+
+
+# engine -> (its configuration, {variant it samples: rid prefix}); the biased verifier runs in the forced-off engine
+ENGINES: dict[str, tuple[EngineConfig, dict[str, str]]] = {
+    "nonspec": (_cfg(False), {"nonspec": "ref"}),
+    "forced-off": (_cfg(True, False), {"forced-off": "plugin", "biased": BIAS_MARKER}),
+    "forced-on": (_cfg(True, True), {"forced-on": "plugin"}),
 }
 
 
 def _chi_square(ref: collections.Counter, got: collections.Counter) -> tuple[float, int, float]:
-    """Pearson's homogeneity test of two count tables: (statistic, degrees of freedom, p-value)."""
-    from scipy.stats import chi2
+    """Pearson's homogeneity test of two count tables, rare strings pooled: (statistic, degrees of freedom, p-value)."""
+    from scipy.stats import chi2_contingency
 
     n_ref, n_got = sum(ref.values()), sum(got.values())
     total = n_ref + n_got
@@ -76,14 +78,10 @@ def _chi_square(ref: collections.Counter, got: collections.Counter) -> tuple[flo
             cells[key] = (ref[key], got[key])
     if sum(rare):
         cells["<rare>"] = (rare[0], rare[1])
-    stat = 0.0
-    for a, b in cells.values():
-        pooled = a + b
-        for observed, n in ((a, n_ref), (b, n_got)):
-            expected = pooled * n / total
-            stat += (observed - expected) ** 2 / expected
-    df = len(cells) - 1
-    return stat, df, float(chi2.sf(stat, df)) if df > 0 else 1.0
+    if len(cells) < 2:
+        return 0.0, 0, 1.0  # one cell: nothing to compare
+    test = chi2_contingency(list(zip(*cells.values())), correction=False)  # a 2 x cells table, no Yates correction
+    return float(test.statistic), int(test.dof), float(test.pvalue)
 
 
 def _tv(ref: collections.Counter, got: collections.Counter) -> float:
@@ -92,45 +90,24 @@ def _tv(ref: collections.Counter, got: collections.Counter) -> float:
 
 
 @pytest.fixture(scope="module")
-def samples(engine_pool, tmp_path_factory) -> dict[str, Any]:
+def samples(engine_pool) -> dict[str, Any]:
     """Counts of output strings per variant, plus what each engine's runtime counted."""
-    engine_pool.close()  # one engine at a time on this machine
-    import sglang
-
-    from sglang_eo_dev.cpu_runtime.soft_pair import build_soft_follower_pair
-
-    pair = build_soft_follower_pair(LOGIT)
-    prompt = list(pair.chain[:5])  # {"title": "Green  (the document up to the first choice)
-    tmp = tmp_path_factory.mktemp("sampling")
+    prompt = list(model_pair(ENGINES["nonspec"][0]).chain[:5])  # {"title": "Green  (the document up to the choice)
     out: dict[str, Any] = {"counts": {}, "outputs": {}, "stats": {}, "plugin_stats": {}, "seconds": {}}
-    engines = [("nonspec", ["nonspec"]), ("forced-off", ["forced-off", "biased"]), ("forced-on", ["forced-on"])]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ENV_FLAG, "1")
-        for name, variants in engines:
-            spec, forced, _ = VARIANTS[name]
-            cfg = EngineConfig(pair="follower", spec="topk1" if spec else None, product_plugin=spec,
-                               forced_drafts=forced, max_running_requests=32)
-            stats_file = str(tmp / f"stats-{name}.json")
-            plugin_stats = tmp / f"plugin-stats-{name}.json"
+        mp.setenv(ENV_FLAG, "1")  # read by each engine's scheduler when it starts
+        for name, (cfg, variants) in ENGINES.items():
             t0 = time.monotonic()
-            apply_cpu_env(stats_file, cfg.product_plugin, 1, cfg.forced_drafts)
-            if os.path.exists(stats_file):
-                os.remove(stats_file)
-            mp.setenv("SGLANG_EAGLE_OVERLAP_STATS_FILE", str(plugin_stats))  # read once, by the scheduler it starts
-            engine = sglang.Engine(**engine_kwargs(cfg, pair))
-            mp.delenv("SGLANG_EAGLE_OVERLAP_STATS_FILE")
-            try:
-                for variant in variants:
-                    rid = VARIANTS[variant][2]
-                    outs = engine.generate(input_ids=[prompt] * N, sampling_params=PARAMS,
-                                           rid=[f"{rid}-{variant}-{i}" for i in range(N)])
-                    out["outputs"][variant] = outs
-                    out["counts"][variant] = collections.Counter(o["text"] for o in outs)
-            finally:
-                engine.shutdown()
-            out["stats"][name] = read_stats(stats_file)
-            out["plugin_stats"][name] = json.loads(plugin_stats.read_text()) if plugin_stats.exists() else None
+            engine, read_plugin_stats = engine_pool.get_with_plugin_stats(cfg, "sampling")
+            for variant, rid in variants.items():
+                outs = engine.generate(input_ids=[prompt] * N, sampling_params=PARAMS,
+                                       rid=[f"{rid}-{variant}-{i}" for i in range(N)])
+                out["outputs"][variant] = outs
+                out["counts"][variant] = collections.Counter(o["text"] for o in outs)
+            out["stats"][name] = engine_pool.stats()
+            out["plugin_stats"][name] = read_plugin_stats()
             out["seconds"][name] = time.monotonic() - t0
+        engine_pool.close()  # its scheduler took the sampling verify: no later module may share it
     for variant, counts in out["counts"].items():
         stat, df, p = _chi_square(out["counts"]["nonspec"], counts)
         print(f"\n[sampling] {variant}: TV {_tv(out['counts']['nonspec'], counts):.3f} chi2 {stat:.1f} df {df} "

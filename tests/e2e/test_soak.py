@@ -6,8 +6,9 @@ mid-stream disconnects, invalid and pathological grammars) for a short timed pha
 The soak itself decides pass or fail (a 5xx, an invalid completed output, a valid request rejected or aborted, an
 invalid one accepted, a plugin counter that does not add up, the scheduler's RSS growing past its bound, the server
 gone); this test runs it and requires exit status 0, then checks from its JSON report that the run covered what the
-short form is for: every kind sent in the timed phase, completed constrained outputs checked, disconnects and
-rejections really happened, and the plugin did grammar verify steps.
+short form is for: every kind completed and checked (warm-up and timed phase together: 15 s of timed phase on the
+real pair is about one request per client, too few to cycle through every kind), disconnects and rejections really
+happened, and the plugin did grammar verify steps.
 
 One server start, on SGLang 0.5.23 only (about 2 min with the start on a quiet machine; the full 10-minute soak on both bands is a
 benchmark, ``benchmarks/results/soak_cpu_*.md``).
@@ -46,6 +47,8 @@ def test_short_soak_serves_every_kind_and_its_checks_pass(engine_pool, tmp_path)
     assert seen["disconnect"].get("disconnected", 0) >= 1, seen["disconnect"]
     # every invalid request was rejected: the five of the warm-up and any of the timed phase
     assert set(seen["invalid"]) == {"rejected"} and seen["invalid"]["rejected"] >= 5, seen["invalid"]
-    assert r["timed"]["requests"] >= 8, r["timed"]  # every client completed at least one timed request
+    # a timed request recorded per client: a guard on the soak's own client loop (the report has no per-client rows,
+    # and every recorded outcome, failed or not, counts here; failures are the soak's exit status above)
+    assert r["timed"]["requests"] >= 8, r["timed"]
     assert r["plugin_stats"]["steps"] > 0 and r["plugin_stats"]["ledger_resets"] == 0, r["plugin_stats"]
     assert r["scheduler_rss_mib"]["end"] is not None

@@ -58,7 +58,8 @@ def _walk(accept_scale: float | None = None):
     if accept_scale is None:
         tree_speculative_sampling_target_only(**kw)
     else:
-        _tree_sampling(*kw.values(), 1.0, 1.0, accept_probs=probs * accept_scale, resample_empty_residual=True)
+        _tree_sampling(**kw, threshold_single=1.0, threshold_acc=1.0, accept_probs=probs * accept_scale,
+                       resample_empty_residual=True)
     first = predicts.view(M, D)[:, 0]
     after_a = predicts.view(M, D)[:, 1][accept_index[:, 1] % D == 1]
     return first, after_a, num
@@ -85,3 +86,20 @@ def test_sampling_op_follows_the_target_law():
 def test_biased_accept_test_fails_the_same_check():
     first, _, _ = _walk(accept_scale=0.3)
     assert _p_value(first, P[0]) < ALPHA
+
+
+def test_top_k_and_top_p_renorm_keep_the_right_tokens():
+    """The renorm ops 0.5.16's sampling verify applies to a request's ``top_k`` / ``top_p`` (hand-worked rows)."""
+    import torch
+    from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+
+    probs = torch.tensor([[0.1, 0.4, 0.2, 0.2, 0.1], [0.5, 0.25, 0.125, 0.125, 0.0]])
+    # top_k 2: row 0 keeps 0.4 and both 0.2 (a tie at the k-th value is kept); row 1 (k 0 = off) is unchanged
+    got = top_k_renorm_prob(probs, torch.tensor([2, 0]))
+    assert torch.allclose(got, torch.tensor([[0.0, 0.5, 0.25, 0.25, 0.0], [0.5, 0.25, 0.125, 0.125, 0.0]]))
+    # top_p 0.6: row 0 needs 0.4 + 0.2 (the first 0.2 in sorted order); row 1 reaches 0.6 with 0.5 + 0.25
+    got = top_p_renorm_prob(probs, torch.tensor([0.6, 0.6]))
+    assert sorted(torch.nonzero(got[0]).flatten().tolist()) in ([1, 2], [1, 3]) and abs(float(got[0].sum()) - 1) < 1e-6
+    assert torch.allclose(got[0][1], torch.tensor(0.4 / 0.6))
+    assert torch.allclose(got[1], torch.tensor([2 / 3, 1 / 3, 0.0, 0.0, 0.0]))
+    assert torch.equal(top_p_renorm_prob(probs, 1.0), probs / probs.sum(dim=-1, keepdim=True))  # p 1: unchanged

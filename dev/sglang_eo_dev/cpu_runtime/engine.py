@@ -7,7 +7,7 @@ context so a start takes ~25-40 s on 2 cores, greedy verification, xgrammar with
 ``topk4`` (topk 4, 3 steps, 8 draft tokens); ``None`` runs without speculation.
 
 Speculative algorithm (``EngineConfig.algorithm``): ``EAGLE3`` with the ``random`` / ``follower`` / ``noisy-follower``
-pairs and the real ``smollm2`` pair (SmolLM2-135M-Instruct + a locally trained EAGLE3 draft, :mod:`..real_model`); ``EAGLE`` (EAGLE-2 draft), ``STANDALONE`` (small Llama draft), ``NGRAM`` (no draft) with the ``think-follower``
+/ ``soft-follower`` (:mod:`.soft_pair`) pairs and the real ``smollm2`` pair (SmolLM2-135M-Instruct + a locally trained EAGLE3 draft, :mod:`..real_model`); ``EAGLE`` (EAGLE-2 draft), ``STANDALONE`` (small Llama draft), ``NGRAM`` (no draft) with the ``think-follower``
 Llama target; ``NEXTN`` with ``think-follower-mtp`` (a MiMo target whose MTP layer is the draft, draft path = target
 path). ``reasoning_parser`` passes ``--reasoning-parser`` (the think-follower tokenizer has ``</think>``).
 ``tp_size`` > 1 runs tensor parallelism: one scheduler process per rank, gloo collectives (no AMX: SGLang's
@@ -60,7 +60,8 @@ SITE_DIR = str(Path(__file__).resolve().parent / "_site")
 
 SpecVariant = Optional[Literal["topk1", "topk4"]]
 Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM"]
-PairName = Literal["random", "follower", "noisy-follower", "think-follower", "think-follower-mtp", "smollm2"]
+PairName = Literal["random", "follower", "noisy-follower", "soft-follower", "think-follower", "think-follower-mtp",
+                   "smollm2"]
 # NGRAM: drafts come from a token trie over the prompts and outputs (no model); a tree of 8 draft tokens, breadth <= 2.
 NGRAM_ARGS: dict[str, int] = {"speculative_num_draft_tokens": 8, "speculative_ngram_max_bfs_breadth": 2}
 SPEC_VARIANTS: dict[str, dict[str, int]] = {
@@ -117,9 +118,14 @@ def model_pair(cfg: EngineConfig) -> models.ModelPair:
         return models.build_follower_pair(cfg.vocab_size)
     if cfg.pair == "noisy-follower":
         return models.build_follower_pair(cfg.vocab_size, noise=NOISY_FOLLOWER_NOISE)
+    if cfg.pair == "soft-follower":
+        from sglang_eo_dev.cpu_runtime.soft_pair import build_soft_follower_pair
+
+        return build_soft_follower_pair(vocab_size=cfg.vocab_size)
     if cfg.pair == "random":
         return models.build_random_pair(cfg.vocab_size)
-    raise ValueError(f"unknown model pair {cfg.pair!r}; expected 'random', 'follower' or 'noisy-follower'")
+    raise ValueError(f"unknown model pair {cfg.pair!r}; expected 'random', 'follower', 'noisy-follower' or "
+                     "'soft-follower'")
 
 
 def _real_pair(cfg: EngineConfig) -> models.ModelPair:
@@ -162,6 +168,7 @@ def _think_pair(cfg: EngineConfig) -> models.ModelPair:
 
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 FORCED_ENV = ENV["forced_drafts"]  # the product plugin's forced-draft switch (EngineConfig.forced_drafts)
+PLUGIN_STATS_ENV = ENV["stats_file"]  # the product plugin's stats file (launch_server's plugin_stats_file)
 THREAD_ENV = ENV["grammar_thread"]  # the product plugin's grammar-thread switch (EngineConfig.grammar_thread)
 # the product plugin's native-module switch (EngineConfig.native); a literal fallback for older plugin revisions that
 # benchmarks run side by side (bench_scheduler_budget --before), whose ENV has no such key
@@ -295,9 +302,14 @@ class ServerProcess:
     base_url: str
     log_path: str
     stats_file: Optional[str]
+    plugin_stats_file: Optional[str] = None  # the product plugin's stats file (launch_server's plugin_stats_file)
 
     def stats(self) -> dict[str, Any]:
         return read_stats(self.stats_file) if self.stats_file else {}
+
+    def plugin_stats(self) -> dict[str, Any]:
+        """The product plugin's last stats (empty dict when it has not written any, or none was asked for)."""
+        return read_stats(self.plugin_stats_file) if self.plugin_stats_file else {}
 
     def get_json(self, path: str, timeout: float = 30) -> Any:
         with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
@@ -323,9 +335,12 @@ class ServerProcess:
 
 
 def launch_server(
-    cfg: EngineConfig, log_path: str, stats_file: Optional[str] = None, timeout: float = 240
+    cfg: EngineConfig, log_path: str, stats_file: Optional[str] = None, timeout: float = 240,
+    plugin_stats_file: Optional[str] = None,
 ) -> ServerProcess:
-    """Run ``python -m sglang.launch_server`` in its own process group and wait until it answers a generate."""
+    """Run ``python -m sglang.launch_server`` in its own process group and wait until it answers a generate.
+    ``plugin_stats_file``: the product plugin's stats file (``SGLANG_EAGLE_OVERLAP_STATS_FILE``, set for the server's
+    processes only), read with :meth:`ServerProcess.plugin_stats`."""
     pair = model_pair(cfg)
     port = free_port()
     env = dict(os.environ)
@@ -336,10 +351,14 @@ def launch_server(
         env.pop(STATS_ENV, None)
     elif os.path.exists(stats_file):
         os.remove(stats_file)
+    if plugin_stats_file:
+        env[PLUGIN_STATS_ENV] = plugin_stats_file
+        if os.path.exists(plugin_stats_file):
+            os.remove(plugin_stats_file)
     cmd = [sys.executable, "-m", "sglang.launch_server", *server_cli_args(cfg, port, pair), "--skip-server-warmup"]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path, stats_file)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path, stats_file, plugin_stats_file)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -121,10 +121,8 @@ def _biased_sampler(call: _BiasedCall) -> Callable[..., Any]:
         for r in call.rows:
             unconstrained = torch.softmax(raw[r] / call.temperatures[r].to(torch.float32), dim=-1)
             accept[r] = unconstrained * (target_probs[r] > 0)  # masked after the softmax, never renormalised
-        _tree_sampling(kw["predicts"], kw["accept_index"], kw["accept_token_num"], kw["candidates"],
-                       kw["retrive_index"], kw["retrive_next_token"], kw["retrive_next_sibling"],
-                       kw["uniform_samples"], kw["uniform_samples_for_final_sampling"], target_probs, draft_probs,
-                       float(threshold_single), float(threshold_acc), accept_probs=accept,
-                       resample_empty_residual=True)
+        _tree_sampling(**kw, target_probs=target_probs, draft_probs=draft_probs,
+                       threshold_single=float(threshold_single), threshold_acc=float(threshold_acc),
+                       accept_probs=accept, resample_empty_residual=True)
 
     return sample
