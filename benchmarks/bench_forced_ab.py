@@ -50,7 +50,8 @@ def _forced_class_at(rev: str) -> Any:
 
 
 def measure(before_cls: Any, bs: int, n: int, steps: int) -> Dict[str, Any]:
-    from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+    from sglang_eagle_overlap.core import MaskRequest
+    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
     from sglang_eagle_overlap.core.forced import ForcedDrafts
     from sglang_eagle_overlap.integration.drafts import batch_encoder
     from sglang_eo_dev.helpers.tokenizers import hf_tokenizer

@@ -72,7 +72,8 @@ def _workload(bs: int, n: int, seed: int) -> Tuple[List[Any], torch.Tensor, torc
 
 
 def measure(bs: int, n: int, steps: int) -> Dict[str, Any]:
-    from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+    from sglang_eagle_overlap.core import MaskRequest
+    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
     from sglang_eagle_overlap.core.forced import ForcedDrafts
     from sglang_eo_dev.helpers.tokenizers import hf_tokenizer
 

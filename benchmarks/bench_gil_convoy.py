@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "dev"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_grammar_step as step_bench  # noqa: E402
+from sglang_eo_dev.helpers.steps import feed_one  # noqa: E402
 
 VOCAB = 128000
 BS = 64
@@ -129,7 +130,8 @@ def call_cases() -> Dict[str, Callable[[], object]]:
 
 def job_case(topk: int, steps: int, n_steps: int) -> Tuple[Callable[[], object], int]:
     """One replayed verify step per call (cycling through ``n_steps`` planned steps on fresh grammars each cycle)."""
-    from sglang_eagle_overlap.core import AcceptLedger, TreeMaskBuilder
+    from sglang_eagle_overlap.core.ledger import AcceptLedger
+    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
     from sglang_eagle_overlap.integration.requests import mask_request_for
 
     plan = step_bench.make_plan("nested", VOCAB, topk, steps, BS, n_steps, 3)
@@ -149,7 +151,7 @@ def job_case(topk: int, steps: int, n_steps: int) -> Tuple[Callable[[], object],
         nti, lens, (nxt, sib, tok) = inputs[state["step"]]
         ledger, pos = state["ledger"], state["pos"]
         for i, r in enumerate(state["reqs"]):
-            out = ledger.advance(r.rid, r.grammar, pos[i], nti[i * stride: i * stride + lens[i]])
+            out = feed_one(ledger, r.rid, r.grammar, pos[i], nti[i * stride: i * stride + lens[i]])
             pos[i] += len(out.retained)
         builder.build([mask_request_for(r) for r in state["reqs"]], nxt, sib, tok, VOCAB)
         state["step"] += 1

@@ -69,7 +69,7 @@ def _child(spec: str, bs: int, steps: int, mode: str) -> Dict[str, float]:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from sglang_eagle_overlap.core.step import GrammarStep
+    from sglang_eo_dev.helpers.steps import make_step
     from sglang_eagle_overlap.integration.requests import mask_requests
 
     band_name = "v0_5_23" if version("sglang").startswith("0.5.23") else "v0_5_16"
@@ -107,7 +107,7 @@ def _child(spec: str, bs: int, steps: int, mode: str) -> Dict[str, float]:
                 nxt[:, c] = topk + c
 
     batch = SimpleNamespace(reqs=reqs, has_grammar=True, forward_mode=DecodeMode(), sampling_info=None)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, pin_memory=False)
+    step = make_step(mask_threads=1, mask_time_limit_s=None, pin_memory=False)
     rt = SimpleNamespace(step=step)
     builder = step.builder
     sweep = np.ones(64 * 1024 * 1024 // 8)

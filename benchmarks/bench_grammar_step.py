@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from sglang_eo_dev.helpers import grammars as G  # noqa: E402
 from sglang_eo_dev.helpers.tokenizers import tokenizer_info  # noqa: E402
 from sglang_eo_dev.helpers.trees import eagle_tree, num_draft_tokens, stack_trees  # noqa: E402
+from sglang_eo_dev.helpers.steps import feed_one  # noqa: E402
 
 TREES = [(1, 3), (4, 3), (8, 5)]  # (topk, steps); node counts from num_draft_tokens: 4, 8, 64
 BATCHES = [1, 8, 32, 64]
@@ -169,7 +170,8 @@ class FillClock:
 
 def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill_clock=None):
     from sglang_eagle_overlap.integration.requests import mask_request_for
-    from sglang_eagle_overlap.core import AcceptLedger, TreeMaskBuilder
+    from sglang_eagle_overlap.core.ledger import AcceptLedger
+    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 
     ledger = AcceptLedger()
     builder = TreeMaskBuilder(strategy=strategy, threads=threads)
@@ -186,7 +188,7 @@ def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill
         accept_lens = lens.tolist()
         for i, req in enumerate(reqs):
             run = next_token_ids[i * stride : i * stride + accept_lens[i]]
-            out = ledger.advance(req.rid, req.grammar, pos[i], run)
+            out = feed_one(ledger, req.rid, req.grammar, pos[i], run)
             pos[i] += len(out.retained)
         result = builder.build([mask_request_for(r) for r in reqs], nxt, sib, tok, vocab)
         dt = time.perf_counter() - t0

@@ -257,7 +257,7 @@ def breakdown_markdown(summary: Optional[Dict[str, Dict[str, Dict[str, List[floa
         return []
     lines = ["## Where (b) goes (`--breakdown`)", "",
              "Each plugin function on the scheduler thread timed whole, per call (a caller includes its callees; "
-             "`GrammarStep.write_stats` is the benchmark's stats file, outside (b)); the wrappers add a few "
+             "`StepTelemetry.write_stats` is the benchmark's stats file, outside (b)); the wrappers add a few "
              "microseconds per call, so this run's (b) above is not the criterion's. Per grammar step (an iteration "
              "that called `GrammarStep`); `ms per step` = calls per step x mean ms per call.", ""]
     for key, by_bs in summary.items():

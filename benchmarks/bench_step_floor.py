@@ -41,7 +41,7 @@ def lean_variant() -> Tuple[Tuple[Any, ...], Tuple[Any, ...], Callable[[Tuple[An
     from sglang_eagle_overlap.core import step as step_mod
     from sglang_eagle_overlap.core.ledger import LedgerPlan
 
-    outcome = ledger_mod._outcome  # an AdvanceOutcome without its Python __new__ (0.5.23's done reads the outcomes)
+    outcome = ledger_mod._outcome  # an FeedOutcome without its Python __new__ (0.5.23's done reads the outcomes)
 
     def lean_fill(plan: Any, feeds: Any, errors: Any, run_lens: Any, run_tokens: Any) -> None:
         batch = plan._batch

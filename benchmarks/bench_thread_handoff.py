@@ -7,7 +7,7 @@ no GIL-releasing call -- CPython hands the GIL over only at the end of a switch 
 blocks: at the join. This benchmark measures that, outside the engine, with the 0.5.23 band's functions on real
 ``XGrammarGrammar`` objects (128k vocabulary, the ``nested`` JSON grammar, EAGLE topk 1, the previous step's runs fed in
 the same native call): per step, the wall time from ``start_build`` to the end of ``finish_build`` around a stand-in
-launch that busy-loops in Python for ``--launch-ms``, and the helper's hand-off latency (``GrammarStep.stats``'
+launch that busy-loops in Python for ``--launch-ms``, and the helper's hand-off latency (``StepTelemetry.stats``'
 ``handoff_s``: from the hand-off to its first bytecode). Paths:
 
 * ``inline``: the whole grammar work after the launch, on the scheduler thread;
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "dev"))
 from bench_engine_step import _machine  # noqa: E402
 from bench_grammar_step import _accept_lists, _grammars, make_plan  # noqa: E402
 from sglang_eo_dev.helpers.devices import DecodeMode  # noqa: E402
+from sglang_eo_dev.helpers.steps import make_step  # noqa: E402
 
 VOCAB = 128000
 STRIDE = 8
@@ -97,8 +98,8 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
             for i, g in enumerate(_grammars("nested", VOCAB, plan, bs))]
     batch = SimpleNamespace(reqs=reqs, forward_mode=DecodeMode(), has_grammar=True,
                             sampling_info=SimpleNamespace(vocab_size=VOCAB))
-    step = GrammarStep(grammar_thread=grammar_thread, grammar_thread_min_batch=1, mask_time_limit_s=None,
-                       native=functools.partial(load_native_for, True))
+    step = make_step(grammar_thread=grammar_thread, grammar_thread_min_batch=1, mask_time_limit_s=None,
+                     native=functools.partial(load_native_for, True))
     rt = SimpleNamespace(step=step)
     try:
         for s in range(1, steps + 1):
@@ -110,7 +111,7 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
             nxt, sib, tok = (t[:bs] for t in plan.trees[s])
             pending = step.copy_host_tree(nxt, sib, tok)
             draft = tok.clone()
-            h0 = step.stats.handoff_s
+            h0 = step.telemetry.stats.handoff_s
             t0, c0 = time.perf_counter(), time.thread_time()
             job = step.start_build(rq.mask_requests(reqs), pending, vocab_size=VOCAB,
                                    barrier=lambda: band.advance_grammar_fsm(rt, result, batch), allow_timeout=False)
@@ -120,7 +121,7 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
             step.finish_build(job, device="cpu", draft_device=draft)
             c3, t3 = time.thread_time(), time.perf_counter()
             yield {"s": s, "wall_s": t3 - t0, "sched_cpu_s": (c1 - c0) + (c3 - c2),
-                   "handoff_s": step.stats.handoff_s - h0,
+                   "handoff_s": step.telemetry.stats.handoff_s - h0,
                    "kept": sum(map(len, result.grammar_retained_tokens)), "offered": int(lens.sum())}
             for i, r in enumerate(reqs):
                 r.output_ids.extend(result.grammar_retained_tokens[i])

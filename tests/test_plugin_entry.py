@@ -203,7 +203,7 @@ def test_the_runtime_has_forced_drafts_exactly_when_switched_on():
         try:
             rt = runtime.create(Settings(forced_drafts=on))
             assert (rt.step.forced is not None) is on
-            assert rt.step.snapshot()["forced_drafts"] is on
+            assert rt.step.telemetry.snapshot()["forced_drafts"] is on
         finally:
             runtime.reset()
 
@@ -227,7 +227,7 @@ def test_forced_drafts_auto_decide_at_the_first_verify_by_algorithm(switch, algo
         batch = SimpleNamespace(spec_algorithm=SimpleNamespace(name=algorithm) if algorithm else None, reqs=[])
         drafts.before_verify(rt, batch, None, owned=False)  # a verify without the plugin's mask still decides
         assert (rt.step.forced is not None) is want
-        assert rt.step.snapshot()["forced_drafts"] is want
+        assert rt.step.telemetry.snapshot()["forced_drafts"] is want
         other = SimpleNamespace(spec_algorithm=SimpleNamespace(name="STANDALONE"), reqs=[])
         drafts.before_verify(rt, other, None, owned=False)  # decided once: a later batch changes nothing
         assert (rt.step.forced is not None) is want

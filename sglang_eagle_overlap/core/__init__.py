@@ -1,43 +1,36 @@
-"""Engine-agnostic core: imports neither SGLang nor CUDA-only code."""
+"""Engine-agnostic core: imports neither SGLang nor CUDA-only code.
 
-from sglang_eagle_overlap.core.ledger import (
-    AcceptLedger,
-    AdvanceOutcome,
-    GrammarLike,
-    LedgerConflictError,
-    LedgerGapError,
-)
-from sglang_eagle_overlap.core.mask import (
-    HostGrammar,
-    MaskRequest,
-    MaskStrategy,
-    TreeMask,
-    TreeMaskBuilder,
-    bitmask_width,
-    neutralize_timed_out_drafts,
-)
-from sglang_eagle_overlap.core.stats import COUNTERS, StepStats
-from sglang_eagle_overlap.core.step import GrammarStep, MaskJob, StepMask
-from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, PendingTree
+The public API: what the outer layers (``integration/``, ``adapters/``, ``plugin.py``, ``metrics.py``) import, always
+from this package, and the records that cross the boundary (``Run``, ``RowRun``, ``FeedOutcome``). Tests, benchmarks
+and dev tools may import the submodules to reach internals.
+"""
+
+from sglang_eagle_overlap.core.forced import BatchEncoder, ForcedDrafts
+from sglang_eagle_overlap.core.ledger import FeedOutcome, ResultRuns, RowRun, Run
+from sglang_eagle_overlap.core.mask import MaskBatch, MaskRequest
+from sglang_eagle_overlap.core.native import NativeGrammar, NativeUnavailable, load_native
+from sglang_eagle_overlap.core.step import GrammarStep, MaskJob, StepConfig, StepMask
+from sglang_eagle_overlap.core.telemetry import StepTelemetry
+from sglang_eagle_overlap.core.timeline import process_timeline
+from sglang_eagle_overlap.core.tree_copy import PendingTree
 
 __all__ = [
-    "COUNTERS",
-    "AcceptLedger",
-    "AdvanceOutcome",
-    "GrammarLike",
+    "BatchEncoder",
+    "FeedOutcome",
+    "ForcedDrafts",
     "GrammarStep",
-    "HostGrammar",
-    "HostTreeCopier",
-    "LedgerConflictError",
-    "LedgerGapError",
+    "MaskBatch",
     "MaskJob",
     "MaskRequest",
-    "MaskStrategy",
+    "NativeGrammar",
+    "NativeUnavailable",
     "PendingTree",
+    "ResultRuns",
+    "RowRun",
+    "Run",
+    "StepConfig",
     "StepMask",
-    "StepStats",
-    "TreeMask",
-    "TreeMaskBuilder",
-    "bitmask_width",
-    "neutralize_timed_out_drafts",
+    "StepTelemetry",
+    "load_native",
+    "process_timeline",
 ]

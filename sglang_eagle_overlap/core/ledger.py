@@ -1,4 +1,4 @@
-"""Pending-accept ledger: advance each request's grammar matcher over its accepted tokens exactly once.
+"""Pending-accept ledger: feed each request's grammar matcher its accepted tokens exactly once.
 
 Under the overlap scheduler, batch N's accepted tokens are still unprocessed when batch N+1's verify runs. Two places
 then want to feed them to the grammar: the verify of N+1 (so its tree mask starts from the right state, while the GPU
@@ -12,35 +12,35 @@ were retracted or filtered out between two batches cannot shift another request'
 Invariants, per request key:
 
 * ``consumed`` is the output position the matcher has been advanced to (tokens before it are in the matcher).
-* ``advance(key, grammar, start, tokens)`` with ``start == consumed`` feeds the tokens, stopping after the one that
-  terminates the grammar, and records the outcome under ``start``.
-* The same call again (``start`` < ``consumed``) replays the recorded outcome and touches nothing; the tokens must be
+* ``feed`` of a :class:`Run` ``(key, grammar, matcher, start, tokens)`` with ``start == consumed`` feeds the
+  tokens, stopping after the one that terminates the grammar, and records the outcome under ``start``.
+* The same run again (``start`` < ``consumed``) replays the recorded outcome and touches nothing; the tokens must be
   the same ones, or :class:`LedgerConflictError` is raised (two callers disagreeing on what was accepted is a bug).
 * ``start > consumed`` means tokens would be skipped: :class:`LedgerGapError`.
 * A different grammar object under a known key means the host rebuilt the request's matcher: the entry is
   re-anchored at ``start`` (its history belongs to the old object).
-* A token the grammar rejects stops the run and is reported in ``AdvanceOutcome.error``; the request must be aborted
+* A token the grammar rejects stops the run and is reported in ``FeedOutcome.error``; the request must be aborted
   by the caller (its matcher state is still consistent: the rejected token was not consumed).
 
 The ledger never imports SGLang: a "grammar" is anything with ``accept_token(int)`` (raising ``ValueError`` or
 returning ``False`` on rejection) and ``is_terminated() -> bool``.
 
-Native feed (``advance(..., matcher=m, on_feed=f)``): when the grammar object is a thin wrapper over a native matcher
-(SGLang's ``XGrammarGrammar`` over xgrammar's ``GrammarMatcher``), the ledger feeds the matcher itself -- one
-``accept_token`` and one ``is_terminated`` per token instead of the wrapper's extra termination check and Python
-frame -- and skips the check before the run when its own last run of that matcher left it not terminated (nothing
-else feeds a matcher the ledger owns; a re-anchor or a rebuilt grammar forgets that knowledge). The matcher is never
-asked to accept a token once the ledger knows it terminated; if something fed it to its end behind the ledger's back,
-the refused first token is found terminated (as through the wrapper), not reported as a rejection. After a fresh feed
-(never on a replay) it calls ``f(grammar, outcome)``, so the caller can record the run on the wrapper as the wrapper
-itself would have. The outcome is the same as through the wrapper, but for a rejection's message (the wrapper's
-exception text is not there to quote).
+Native feed (a run with a ``matcher``, ``feed(runs, on_feed=f)``): when the grammar object is a thin wrapper over a
+native matcher (SGLang's ``XGrammarGrammar`` over xgrammar's ``GrammarMatcher``), the ledger feeds the matcher itself
+-- one ``accept_token`` and one ``is_terminated`` per token instead of the wrapper's extra termination check and
+Python frame -- and skips the check before the run when its own last run of that matcher left it not terminated
+(nothing else feeds a matcher the ledger owns; a re-anchor or a rebuilt grammar forgets that knowledge). The matcher
+is never asked to accept a token once the ledger knows it terminated; if something fed it to its end behind the
+ledger's back, the refused first token is found terminated (as through the wrapper), not reported as a rejection.
+After a fresh feed (never on a replay) it calls ``f(grammar, outcome)``, so the caller can record the run on the
+wrapper as the wrapper itself would have. The outcome is the same as through the wrapper, but for a rejection's
+message (the wrapper's exception text is not there to quote).
 
 Batched native feed (``AcceptLedger(native=...)``, :mod:`sglang_eagle_overlap.core.native`): the fresh runs of one
-:meth:`AcceptLedger.advance_many` whose matcher is a plain ``xgrammar.GrammarMatcher`` are fed in one C++ call after
+:meth:`AcceptLedger.feed` whose matcher is a plain ``xgrammar.GrammarMatcher`` are fed in one C++ call after
 the batch is checked, with the outcomes of the per-run feed above (a second run of the same request in one call is
 fed after the first). Checks, replays, errors and the bookkeeping stay here, run by run. :class:`LedgerPlan` splits
-``advance_many`` at that native call, so that its caller can make the call together with other native work (the
+``feed`` at that native call, so that its caller can make the call together with other native work (the
 step's tree walk) and on another thread; runs can be queued by row of a :class:`ResultRuns` whose host copy may still
 be in flight (the native call reads their tokens).
 """
@@ -52,14 +52,15 @@ from typing import (Any, Callable, Collection, Dict, Hashable, Iterable, List, M
                     Sequence, Tuple, Union)
 
 from sglang_eagle_overlap.core.native import (FEED_ERROR, FED, REJECTED, TERMINATED, TERMINATED_BEFORE,
-                                              NativeGrammar)
+                                              NativeGrammar, StepResult)
 
 __all__ = [
-    "AdvanceOutcome",
+    "FeedOutcome",
     "AcceptLedger",
-    "AdvanceResult",
+    "FeedResult",
     "GrammarLike",
     "LedgerConflictError",
+    "LedgerEntry",
     "LedgerError",
     "LedgerGapError",
     "LedgerPlan",
@@ -96,7 +97,7 @@ class LedgerConflictError(LedgerError):
     """The same (request, position) was advanced twice with different tokens."""
 
 
-class AdvanceOutcome(NamedTuple):
+class FeedOutcome(NamedTuple):
     """What one run of accepted tokens did to a matcher (immutable; a named tuple because one is made per request per
     step, on the grammar thread, and a frozen dataclass costs several times more to build).
 
@@ -111,19 +112,42 @@ class AdvanceOutcome(NamedTuple):
     error: Optional[str] = None
 
 
-# One run for :meth:`AcceptLedger.advance_many`: (key, grammar, start, tokens, native matcher or None).
-Run = Tuple[Hashable, GrammarLike, int, Sequence[int], Optional[MatcherLike]]
-AdvanceResult = Union[AdvanceOutcome, LedgerError]
+class Run(NamedTuple):
+    """One run of accepted tokens for :meth:`AcceptLedger.feed`: the request's ``key``, its ``grammar``, the native
+    ``matcher`` inside it (None: fed through the grammar object), the output position ``start`` of the run's first
+    token and its ``tokens``. The first four fields are :class:`RowRun`'s (a named tuple: one is made per request per
+    step)."""
+
+    key: Hashable
+    grammar: GrammarLike
+    matcher: Optional[MatcherLike]
+    start: int
+    tokens: Sequence[int]
 
 
-_PENDING = AdvanceOutcome(-1, (), (), False, "pending native feed")  # a slot of advance_many's result, filled later
-# ``AdvanceOutcome`` from one tuple of its five fields, without the named tuple's Python ``__new__`` frame (the
+class RowRun(NamedTuple):
+    """A :class:`Run` whose tokens are ``row`` of a :class:`ResultRuns` (:meth:`LedgerPlan.add_rows`): the same first
+    four fields in the same order, then the result row instead of the tokens."""
+
+    key: Hashable
+    grammar: GrammarLike
+    matcher: Optional[MatcherLike]
+    start: int
+    row: int
+
+
+FeedResult = Union[FeedOutcome, LedgerError]
+
+
+_PENDING = FeedOutcome(-1, (), (), False, "pending native feed")  # a slot of a plan's result, filled later
+# ``FeedOutcome`` from one tuple of its five fields, without the named tuple's Python ``__new__`` frame (the
 # per-run loop of ``LedgerPlan.fill``)
-_outcome = functools.partial(tuple.__new__, AdvanceOutcome)
+_outcome = functools.partial(tuple.__new__, FeedOutcome)
 
 
-class _Entry:
-    """``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
+class LedgerEntry:
+    """One request's place in the ledger (made by :meth:`AcceptLedger.entry`, booked by :meth:`AcceptLedger.record`).
+    ``history`` maps a run's start to its outcome, in insertion order, which is increasing start order (a request
     only moves forward; a re-anchor makes a new entry), so the oldest run is always the first key. ``last`` is the
     start of the newest (-1: none), which the history always keeps: a run asked at ``consumed`` can only be in the
     history as the newest one (every older run started before it, and ``consumed`` is at least the newest start), so
@@ -134,23 +158,23 @@ class _Entry:
     def __init__(self, consumed: int, grammar: object = None) -> None:
         self.consumed = consumed
         self.grammar = grammar
-        self.history: Dict[int, AdvanceOutcome] = {}
+        self.history: Dict[int, FeedOutcome] = {}
         self.last = -1
         self.live = False  # the last run this entry fed left its grammar not terminated (False: unknown or terminated)
         self.handle: Any = None  # the native handle of the grammar's matcher, once a plan queued a run of it
 
 
 class AcceptLedger:
-    """Exactly-once grammar advance keyed by (request identity, output position). Not thread-safe: one scheduler."""
+    """Exactly-once grammar feed keyed by (request identity, output position). Not thread-safe: one scheduler."""
 
     def __init__(self, history: int = 8, native: Optional[NativeGrammar] = None) -> None:
         if history < 1:
             raise ValueError(f"history must be >= 1, got {history}")
-        self._history = history
-        # Native batch feed (core/native.py): the fresh runs of one ``advance_many`` through plain xgrammar matchers
+        self.depth = history  # runs remembered per request (read-only)
+        # Native batch feed (core/native.py): the fresh runs of one ``feed`` through plain xgrammar matchers
         # are fed in one native call ("Native feed", module docstring); None: one Python feed per run.
         self.native = native
-        self._entries: Dict[Hashable, _Entry] = {}
+        self._entries: Dict[Hashable, LedgerEntry] = {}
         self.tokens_fed = 0  # observable: total tokens fed to matchers by this ledger
         self.replays = 0  # observable: runs asked again and answered from the history (nothing fed)
 
@@ -164,16 +188,16 @@ class AcceptLedger:
         entry = self._entries.get(key)
         return None if entry is None else entry.consumed
 
-    def outcome(self, key: Hashable, start: int) -> Optional[AdvanceOutcome]:
-        """The recorded outcome of the run that started at ``start``, if it was advanced (and is still remembered)."""
+    def outcome(self, key: Hashable, start: int) -> Optional[FeedOutcome]:
+        """The recorded outcome of the run that started at ``start``, if it was fed (and is still remembered)."""
         entry = self._entries.get(key)
         return None if entry is None else entry.history.get(start)
 
-    def kept_whole(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[Tuple[int, ...]]:
+    def replay_whole(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[Tuple[int, ...]]:
         """The run of ``key`` at ``start``'s tokens when it was fed with these ``tokens``, kept them all and raised
         nothing; else None -- not fed, cut, rejected or asked with other tokens --, and the caller asks
-        :meth:`outcome` / :meth:`advance_many`. Post-processing's common case in one look; reads only (the caller
-        counts its replays)."""
+        :meth:`outcome` / :meth:`feed`. Post-processing's common case in one look; reads only (the caller counts its
+        replays)."""
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -185,24 +209,15 @@ class AcceptLedger:
             return None
         return toks
 
-    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int],
-                matcher: Optional[MatcherLike] = None,
-                on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> AdvanceOutcome:
-        """Feed ``tokens`` (the run accepted at output position ``start``) to ``grammar`` exactly once; through
-        ``matcher``, the native matcher inside it, when given (module docstring, "Native feed"). Raises
-        :class:`LedgerGapError` / :class:`LedgerConflictError` (:meth:`advance_many` returns them instead)."""
-        result = self.advance_many(((key, grammar, start, tokens, matcher),), on_feed)[0]
-        if isinstance(result, LedgerError):
-            raise result
-        return result
-
-    def advance_many(self, runs: Iterable[Run],
-                     on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> List[AdvanceResult]:
-        """:meth:`advance` for each ``(key, grammar, start, tokens, matcher)`` in order, in one call: one result per
-        run, the outcome or the :class:`LedgerError` that :meth:`advance` would raise for it (a run in error changes
-        nothing, the others go on). A whole batch's runs go through here: per run it is one loop body instead of a
-        stack of calls (the barrier's Python time per request is the scheduler thread's largest grammar cost). It is
-        :meth:`plan` fed at once."""
+    def feed(self, runs: Iterable[Run],
+             on_feed: Optional[Callable[[Any, FeedOutcome], None]] = None) -> List[FeedResult]:
+        """Feed each :class:`Run` (its ``tokens``, accepted at output position ``start``) to its grammar exactly once,
+        in order, in one call -- through ``matcher``, the native matcher inside it, when given (module docstring,
+        "Native feed"). One result per run: the outcome, or the :class:`LedgerGapError` / :class:`LedgerConflictError`
+        of a run the ledger disagrees with (a run in error changes nothing, the others go on). A run asked again is
+        replayed from the history (nothing fed). A whole batch's runs go through here: per run it is one loop body
+        instead of a stack of calls (the barrier's Python time per request is the scheduler thread's largest grammar
+        cost). It is :meth:`plan` fed at once."""
         plan = self.plan()
         slots = plan.add(runs, on_feed)
         plan.feed()
@@ -214,7 +229,17 @@ class AcceptLedger:
         native work (``GrammarStep``: the step's tree walk in the same call)."""
         return LedgerPlan(self)
 
-    def _record(self, entry: _Entry, start: int, outcome: AdvanceOutcome) -> AdvanceOutcome:
+    def entry(self, key: Hashable, grammar: object, start: int) -> LedgerEntry:
+        """``key``'s entry for ``grammar`` (:class:`LedgerPlan`'s checks read and book it): the known one, or -- at the
+        first sight of the request or of its rebuilt grammar -- a new one that has consumed exactly the tokens before
+        ``start``."""
+        entries = self._entries
+        entry = entries.get(key)
+        if entry is None or entry.grammar is not grammar:
+            entry = entries[key] = LedgerEntry(consumed=start, grammar=grammar)
+        return entry
+
+    def record(self, entry: LedgerEntry, start: int, outcome: FeedOutcome) -> FeedOutcome:
         """Book a fresh run's outcome on its entry (consumed, liveness, history) and return it."""
         retained = len(outcome.retained)
         entry.live = not outcome.terminated and outcome.error is None
@@ -224,7 +249,7 @@ class AcceptLedger:
         history = entry.history
         history[start] = outcome
         entry.last = start
-        if len(history) > self._history:  # one run in, at most one out (the oldest: _Entry)
+        if len(history) > self.depth:  # one run in, at most one out (the oldest: LedgerEntry)
             del history[next(iter(history))]
         return outcome
 
@@ -242,7 +267,7 @@ class AcceptLedger:
     def reset(self, key: Hashable, consumed: int) -> None:
         """Re-anchor a request whose matcher was rolled back by the host (e.g. retokenization)."""
         old = self._entries.get(key)
-        self._entries[key] = _Entry(consumed=consumed, grammar=None if old is None else old.grammar)
+        self._entries[key] = LedgerEntry(consumed=consumed, grammar=None if old is None else old.grammar)
 
 
 class ResultRuns:
@@ -297,14 +322,10 @@ def _on_host(t: Any) -> bool:
     return device is None or getattr(device, "type", device) == "cpu"
 
 
-# A run queued by row (LedgerPlan.add_rows): (key, grammar, start, matcher or None, row of the result).
-RowRun = Tuple[Hashable, GrammarLike, int, Optional[MatcherLike], int]
-
-
 class LedgerPlan:
-    """:meth:`AcceptLedger.advance_many` in two halves, so that its native feed can be one call with other native work.
+    """:meth:`AcceptLedger.feed` in two halves, so that its native feed can be one call with other native work.
 
-    :meth:`add` takes a call's runs and does all of ``advance_many`` but the native feed: keys are checked, replays
+    :meth:`add` takes a call's runs and does all of ``feed`` but the native feed: keys are checked, replays
     and errors answered, runs through a grammar object or a matcher subclass fed in Python; the fresh runs through
     plain ``xgrammar.GrammarMatcher`` objects (with ``AcceptLedger.native`` set) wait, each with a placeholder in
     :attr:`out`. :meth:`add_rows` does the same for runs given as rows of a :class:`ResultRuns` whose host copy may
@@ -313,7 +334,7 @@ class LedgerPlan:
     either by :meth:`feed` (the ledger's own native call) or by the caller, who hands the outcomes to :meth:`fill`
     (:meth:`pending` lists what to feed, in order, and :meth:`sources` the results it reads). A run of a key that
     already waits makes the waiting ones be fed first (its check needs their outcome), exactly as in
-    ``advance_many``.
+    ``AcceptLedger.feed``.
 
     Invariants: every waiting run is fed exactly once, by :meth:`feed` or by whoever calls :meth:`fill`; nothing else
     may feed these matchers or use this ledger in between; :meth:`feed` after a :meth:`fill` is a no-op, so calling it
@@ -324,12 +345,12 @@ class LedgerPlan:
 
     def __init__(self, ledger: AcceptLedger) -> None:
         self.ledger = ledger
-        self.out: List[AdvanceResult] = []  # one result per added run, in order; waiting runs hold a placeholder
+        self.out: List[FeedResult] = []  # one result per added run, in order; waiting runs hold a placeholder
         self.errors = 0  # ledger errors among the results added so far
         # Waiting runs: (index in out, entry, start, grammar, on_feed) -- their tokens come back from the native call
         # that feeds them (``fill``) --; and, kept in step with them, what that call takes: their matchers' handles,
         # the packed runs, the results they read.
-        self._batch: List[Tuple[int, _Entry, int, Any, Optional[Callable[[Any, AdvanceOutcome], None]]]] = []
+        self._batch: List[Tuple[int, LedgerEntry, int, Any, Optional[Callable[[Any, FeedOutcome], None]]]] = []
         self._batched: set[Hashable] = set()
         self._handles: List[Any] = []
         self._packed: List[int] = []
@@ -340,37 +361,35 @@ class LedgerPlan:
         """The waiting runs."""
         return len(self._batch)
 
-    def add(self, runs: Iterable[Run], on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> range:
-        """Check, answer or queue every ``(key, grammar, start, tokens, matcher)``; returns their slots in
+    def add(self, runs: Iterable[Run], on_feed: Optional[Callable[[Any, FeedOutcome], None]] = None) -> range:
+        """Check, answer or queue every :class:`Run`; returns their slots in
         :attr:`out`. ``on_feed(grammar, outcome)`` is called after each fresh feed of these runs (never on a
-        replay), as ``AcceptLedger.advance`` calls it."""
+        replay), as ``AcceptLedger.feed`` calls it."""
         first = len(self.out)
-        for key, grammar, start, tokens, matcher in runs:
-            self._add(key, grammar, start, tuple(map(int, tokens)), matcher, on_feed)
+        for run in runs:
+            self._add(run.key, run.grammar, run.start, tuple(map(int, run.tokens)), run.matcher, on_feed)
         return range(first, len(self.out))
 
     def add_rows(self, rows: Iterable[RowRun], result: ResultRuns,
-                 on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> range:
-        """:meth:`add` of ``(key, grammar, start, matcher, row)``: the run of ``row`` in ``result``. A fresh run
+                 on_feed: Optional[Callable[[Any, FeedOutcome], None]] = None) -> range:
+        """:meth:`add` of :class:`RowRun` records: the run of ``row`` in ``result``. A fresh run
         through a plain xgrammar matcher of a result on the host waits without reading its tokens; every other run
         reads them at once (waiting for the result's host copy)."""
         out = self.out
         first = len(out)
         native = self.ledger.native
         if native is None or not result.on_host:  # runs the native call cannot read: tokens read here, at once
-            for key, grammar, start, matcher, row in rows:
-                self._add(key, grammar, start, result.run(row), matcher, on_feed)
+            for r in rows:
+                self._add(r.key, r.grammar, r.start, result.run(r.row), r.matcher, on_feed)
             return range(first, len(out))
-        entries = self.ledger._entries
+        entry_of = self.ledger.entry
         batch, batched, handles, packed = self._batch, self._batched, self._handles, self._packed
         mtype, handle = native.matcher_type, native.handle
         k = self._result_at.get(id(result))
-        for key, grammar, start, matcher, row in rows:
+        for key, grammar, matcher, start, row in rows:
             if type(matcher) is mtype and key not in batched:
-                entry = entries.get(key)
-                if entry is None or entry.grammar is not grammar:  # as in _add: a new or rebuilt request
-                    entry = entries[key] = _Entry(consumed=start, grammar=grammar)
-                if start == entry.consumed and start != entry.last:  # a fresh run (_Entry)
+                entry = entry_of(key, grammar, start)
+                if start == entry.consumed and start != entry.last:  # a fresh run (LedgerEntry)
                     if k is None:
                         k = self._result_at[id(result)] = len(self._results)
                         self._results.append(result)
@@ -392,18 +411,13 @@ class LedgerPlan:
         return range(first, len(out))
 
     def _add(self, key: Hashable, grammar: Any, start: int, toks: Tuple[int, ...], matcher: Any,
-             on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> None:
-        """One run of :meth:`add` (``AcceptLedger.advance``'s checks, then a Python feed or a wait)."""
+             on_feed: Optional[Callable[[Any, FeedOutcome], None]]) -> None:
+        """One run of :meth:`add` (``AcceptLedger.feed``'s checks, then a Python feed or a wait)."""
         ledger = self.ledger
         out = self.out
         if key in self._batched:  # a second run of a request: its first must be fed before it is checked
             self.feed()
-        entries = ledger._entries
-        entry = entries.get(key)
-        if entry is None or entry.grammar is not grammar:
-            # First sight of this request (or of its rebuilt matcher): it has consumed exactly the tokens before
-            # ``start``.
-            entry = entries[key] = _Entry(consumed=start, grammar=grammar)
+        entry = ledger.entry(key, grammar, start)
         history = entry.history
         past = history.get(start)
         if past is not None:
@@ -435,7 +449,7 @@ class LedgerPlan:
             outcome = _feed_matcher(matcher, entry.live, start, toks)
             if on_feed is not None:
                 on_feed(grammar, outcome)
-        out.append(ledger._record(entry, start, outcome))
+        out.append(ledger.record(entry, start, outcome))
 
     def sources(self) -> List[ResultRuns]:
         """The results the waiting runs read their tokens from (each once): wait for them before the native feed."""
@@ -462,7 +476,7 @@ class LedgerPlan:
         if len(run_lens) != len(batch):
             raise ValueError(f"{len(run_lens)} run lengths for {len(batch)} waiting runs")
         ledger, out = self.ledger, self.out
-        record, depth = ledger._record, ledger._history
+        record, depth = ledger.record, ledger.depth
         fed = at = 0
         try:
             for f, (slot, entry, start, grammar, on_feed) in enumerate(batch):
@@ -473,7 +487,7 @@ class LedgerPlan:
                 state = feeds[2 * f + 1]
                 if state == FED and kept == len(toks):
                     # The common case (the largest per-request loop on the scheduler thread), booked here as
-                    # ``AcceptLedger._record`` books it: the whole run consumed, the matcher left live.
+                    # ``AcceptLedger.record`` books it: the whole run consumed, the matcher left live.
                     outcome = _outcome((start, toks, toks, False, None))
                     if on_feed is not None:
                         on_feed(grammar, outcome)
@@ -491,8 +505,14 @@ class LedgerPlan:
                 if on_feed is not None:
                     on_feed(grammar, outcome)
                 out[slot] = record(entry, start, outcome)
-        finally:  # the runs booked before a raising ``on_feed`` stay counted, as ``_record`` counts them
+        finally:  # the runs booked before a raising ``on_feed`` stay counted, as ``record`` counts them
             ledger.tokens_fed += fed
+
+    def record_native(self, result: StepResult) -> None:
+        """Record the waiting runs' outcomes from the result of the native call that fed them (:meth:`fill` of its
+        ``feeds``, ``errors``, ``run_lens`` and ``run_tokens``): the one way a native call made outside this plan (the
+        mask build's, ``TreeMaskBuilder.native_result``) books its feeds in the ledger."""
+        self.fill(result.feeds, result.errors, result.run_lens, result.run_tokens)
 
     def feed(self) -> None:
         """Feed the waiting runs in one native call (``NativeGrammar.step_batch``, on this thread, after waiting for
@@ -505,26 +525,26 @@ class LedgerPlan:
             result.wait()
         handles, packed, results = self.pending()
         res = native.step_batch(handles, packed, results, (), (), None, None, None, None, 0, None)
-        self.fill(res.feeds, res.errors, res.run_lens, res.run_tokens)
+        self.record_native(res)
 
 
 def native_outcome(start: int, toks: Tuple[int, ...], kept: int, state: int,
-                   message: Optional[str] = None) -> AdvanceOutcome:
+                   message: Optional[str] = None) -> FeedOutcome:
     """The outcome of one run the native module fed (``core/native.py``: ``(retained, state)``, and the message of a
     run whose matcher raised), as :func:`_feed_matcher` reports it for the same matcher calls."""
     if state == FED:  # the whole run (``LedgerPlan.fill`` answers this case itself)
-        return AdvanceOutcome(start, toks, toks[:kept], False, None)
+        return FeedOutcome(start, toks, toks[:kept], False, None)
     if state == TERMINATED:
-        return AdvanceOutcome(start, toks, toks[:kept], True, None)
+        return FeedOutcome(start, toks, toks[:kept], True, None)
     if state == TERMINATED_BEFORE:
-        return AdvanceOutcome(start, toks, (), True, None)
+        return FeedOutcome(start, toks, (), True, None)
     if state == REJECTED:
-        return AdvanceOutcome(start, toks, toks[:kept], False,
+        return FeedOutcome(start, toks, toks[:kept], False,
                               f"grammar rejected token {toks[kept]} at output position {start + kept}")
     if state == FEED_ERROR:
-        return AdvanceOutcome(start, toks, toks[:kept], False,
+        return FeedOutcome(start, toks, toks[:kept], False,
                               f"grammar raised at token {toks[kept]} at output position {start + kept}: {message}")
-    return AdvanceOutcome(start, toks, (), False, "not fed: an earlier run of the same matcher raised")
+    return FeedOutcome(start, toks, (), False, "not fed: an earlier run of the same matcher raised")
 
 
 def _mismatch(key: Hashable, start: int, consumed: int) -> LedgerError:
@@ -540,7 +560,7 @@ def _mismatch(key: Hashable, start: int, consumed: int) -> LedgerError:
     )
 
 
-def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOutcome:
+def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> FeedOutcome:
     retained: List[int] = []
     error: Optional[str] = None
     terminated = grammar.is_terminated()
@@ -558,22 +578,22 @@ def _feed(grammar: GrammarLike, start: int, toks: Tuple[int, ...]) -> AdvanceOut
             if grammar.is_terminated():
                 terminated = True
                 break
-    return AdvanceOutcome(start, toks, tuple(retained), terminated, error)
+    return FeedOutcome(start, toks, tuple(retained), terminated, error)
 
 
-def _feed_matcher(m: MatcherLike, live: bool, start: int, toks: Tuple[int, ...]) -> AdvanceOutcome:
+def _feed_matcher(m: MatcherLike, live: bool, start: int, toks: Tuple[int, ...]) -> FeedOutcome:
     """:func:`_feed` straight into a native matcher: the same outcome, with one termination check per token (and one
     before the run unless ``live``: the ledger's own last run left this matcher not terminated)."""
     if not live and m.is_terminated():
-        return AdvanceOutcome(start, toks, (), True, None)
+        return FeedOutcome(start, toks, (), True, None)
     retained: List[int] = []
     for tok in toks:
         if not m.accept_token(tok):
             if not retained and m.is_terminated():  # terminated behind the ledger's back: as _feed, not a rejection
-                return AdvanceOutcome(start, toks, (), True, None)
-            return AdvanceOutcome(start, toks, tuple(retained), False,
+                return FeedOutcome(start, toks, (), True, None)
+            return FeedOutcome(start, toks, tuple(retained), False,
                                   f"grammar rejected token {tok} at output position {start + len(retained)}")
         retained.append(tok)
         if m.is_terminated():
-            return AdvanceOutcome(start, toks, tuple(retained), True, None)
-    return AdvanceOutcome(start, toks, tuple(retained), False, None)
+            return FeedOutcome(start, toks, tuple(retained), True, None)
+    return FeedOutcome(start, toks, tuple(retained), False, None)

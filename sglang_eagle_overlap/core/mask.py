@@ -421,7 +421,7 @@ class TreeMaskBuilder:
         assert nat is not None
         res = nat.step_result(raw, len(plan.feed_input[0]) if plan.feed_input is not None else 0, len(plan.native))
         if plan.feeds is not None and plan.feed_input is not None:
-            plan.feeds.fill(res.feeds, res.errors, res.run_lens, res.run_tokens)
+            plan.feeds.record_native(res)
         self.native_cpu_s += cpu_s  # tvm-ffi releases the GIL for the whole call
         self.native_walks += 1
         if res.total:

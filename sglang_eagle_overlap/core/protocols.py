@@ -14,7 +14,7 @@ with these methods fits; nothing here is checked at run time, and this module im
   grammar object presented as one (``accept_token`` -> False on rejection).
 * :class:`JumpForward` -- what grammar-forced drafts ask of a matcher (an ``xgrammar.GrammarMatcher``): the text the
   grammar forces from its state.
-* :data:`StatValue` -- one value of the stats snapshot (``GrammarStep.snapshot``, the JSON stats file).
+* :data:`StatValue` -- one value of the stats snapshot (``StepTelemetry.snapshot``, the JSON stats file).
 """
 
 from __future__ import annotations

@@ -9,16 +9,16 @@ Call order of one verify step (the host's scheduler thread)::
     pending = step.copy_tree(next_token, next_sibling, draft)     # 1. before the target-verify launch
     job = step.start_build(requests, pending, vocab_size=..., barrier=..., allow_timeout=...)
         # grammar thread (the default): 2. barrier() here -- the previous batch's runs go through the ledger's checks
-        #   and are queued by row (step.advance_later), their tokens unread --; the build is prepared; then 3a. the
+        #   and are queued by row (step.feed_later), their tokens unread --; the build is prepared; then 3a. the
         #   step's one native call (those runs fed, the tree walked) starts on the grammar thread
     ... the host launches the target-verify forward ...
     mask = step.finish_build(job, device=..., draft_device=...)
         # grammar thread: the one join; inline (grammar thread off): 2. and 3a. run here, after the launch
-        # 3b. (scheduler thread) the feeds recorded in the ledger and the barrier's callers told (advance_later's
+        # 3b. (scheduler thread) the feeds recorded in the ledger and the barrier's callers told (feed_later's
         #     on_done), Python walks of what the native call could not take, the mask uploaded non-blocking,
         #     unmasked drafts neutralised
     ... the host samples with mask.device_mask; it aborts mask.failed requests alone ...
-    step.advance_many(...) / step.replay_kept(...)                 # 4. post-processing: replays what 2 fed
+    step.replay_whole(...) / step.feed(...)                       # 4. post-processing: replays what 2 fed
 
 ``build_mask`` is ``start_build`` + ``finish_build`` in one call, after the launch, always inline (callers that cannot
 start before it). With the grammar thread, only 3a -- the device-event waits (the previous result's host copy, the
@@ -43,32 +43,56 @@ thread starts on device 0: ``CudaDevices``, ``docs/multi-gpu.md``). A device err
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from sglang_eagle_overlap.core.forced import ForcedDrafts
-from sglang_eagle_overlap.core.ledger import (AcceptLedger, AdvanceOutcome, GrammarLike, LedgerError, LedgerPlan,
-                                              MatcherLike, ResultRuns, RowRun, Run)
+from sglang_eagle_overlap.core.ledger import (AcceptLedger, FeedOutcome, LedgerError, LedgerPlan, ResultRuns, RowRun,
+                                              Run)
 from sglang_eagle_overlap.core.mask import BuildPlan, MaskRequest, TreeMask, TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eagle_overlap.core.native import NativeGrammar, StepResult
-from sglang_eagle_overlap.core.protocols import DeviceEvent, ForwardProbe, StatValue, StepExporter
-from sglang_eagle_overlap.core.stats import StepStats, distributed_rank, rank_stats_path
-from sglang_eagle_overlap.core.timeline import Timeline
+from sglang_eagle_overlap.core.protocols import DeviceEvent
+from sglang_eagle_overlap.core.stats import distributed_rank
+from sglang_eagle_overlap.core.telemetry import ForcedCounts, StepState, StepTelemetry
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier, MaskUploader, PendingTree
 
 if TYPE_CHECKING:
     from torch.types import Device
 
-__all__ = ["CudaDevices", "DeviceFaultError", "GrammarStep", "MaskJob", "StepMask", "is_device_fault"]
+__all__ = ["CudaDevices", "DeviceFaultError", "GrammarStep", "MaskJob", "StepConfig", "StepMask", "Waiting",
+           "is_device_fault"]
 
 logger = logging.getLogger("sglang_eagle_overlap")
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    """How a :class:`GrammarStep` builds masks (``Settings`` has the same fields, documented there).
+
+    ``mask_threads``: the lockstep walk's fill threads (None: 1); ``mask_time_limit_s``: a request's build budget
+    (None: no limit); ``pin_memory``: pin the host mask buffer (None: when CUDA is available); ``grammar_thread``:
+    run the step's native call on the grammar thread; ``grammar_thread_min_batch``: smaller batches run inline even
+    with it on (at least 1); ``upload_stream``: upload the mask on a side stream of its own."""
+
+    mask_threads: Optional[int] = None
+    mask_time_limit_s: Optional[float] = 0.05
+    pin_memory: Optional[bool] = None
+    grammar_thread: bool = False
+    grammar_thread_min_batch: int = 1
+    upload_stream: bool = False
+
+
+class Waiting(NamedTuple):
+    """A caller of :meth:`GrammarStep.feed_later` inside a build's barrier: its runs' slots in the build's ledger plan
+    and the callback that gets their outcomes when the build is joined."""
+
+    slots: List[int]
+    on_done: Callable[[List[FeedOutcome]], None]
 
 
 @dataclass(slots=True)
@@ -104,7 +128,7 @@ class MaskJob:
     # Set once the barrier ran (grammar thread: in start_build): its runs in the ledger plan, the callers waiting for
     # their outcomes, and the build prepared for them.
     ledger_plan: Optional[LedgerPlan] = None
-    waiting: List[Tuple[List[int], Callable[[List[AdvanceOutcome]], None]]] = field(default_factory=list)
+    waiting: List[Waiting] = field(default_factory=list)
     build: Optional[BuildPlan] = None
     upload_event: Optional[DeviceEvent] = None  # the previous upload the grammar thread waits for
     tree_views: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # the tree copy, links as [bs, n]
@@ -123,9 +147,14 @@ class MaskJob:
         return self.marks[3] - self.marks[2]
 
 
-def _fed(plan: LedgerPlan, slots: Sequence[int]) -> List[AdvanceOutcome]:
+def _run_of(row: RowRun, result: ResultRuns) -> Run:
+    """``row``'s run with its tokens read from ``result`` (waiting for its host copy)."""
+    return Run(key=row.key, grammar=row.grammar, matcher=row.matcher, start=row.start, tokens=result.run(row.row))
+
+
+def _fed(plan: LedgerPlan, slots: Sequence[int]) -> List[FeedOutcome]:
     """The outcomes at ``slots`` of a fed plan (re-anchored by ``GrammarStep._plan``: no ledger error is left)."""
-    out: List[AdvanceOutcome] = []
+    out: List[FeedOutcome] = []
     for i in slots:
         result = plan.out[i]
         if isinstance(result, LedgerError):
@@ -292,74 +321,33 @@ def _native_job(results: Sequence[ResultRuns], tree: PendingTree, upload_event: 
     return raw, t2, time.perf_counter(), c2 - c1
 
 
-class _Inert:
-    """Stands in for an absent probe / exporter (an exporter that is not ``enabled`` is not called)."""
-
-    enabled = False
-
-    def on_launch(self, device: Device = None) -> None:
-        pass
-
-    def on_mask_start(self, device: Device = None, t: Optional[float] = None) -> None:
-        pass
-
-    def on_mask_ready(self, t_ready: float) -> float:
-        return 0.0
-
-    def observe_step(self, grammar_s: float, unhidden_s: float, timeouts: int, *, forced_proposed: int = 0,
-                     forced_accepted: int = 0) -> None:
-        pass
-
-
 class GrammarStep:
-    """Copier + ledger + mask builder + instrumentation of one worker process (see the module docstring)."""
+    """Copier + ledger + mask builder of one worker process, instrumented by its :class:`StepTelemetry` (see the
+    module docstring). ``config`` says how masks are built; the parts it is given: ``telemetry`` (None: a bare one),
+    ``forced`` (grammar-forced drafts, None: off), ``native`` (a loader of the native batch calls, called at the first
+    mask build; None: Python only) and ``devices`` (the calling thread's CUDA device; tests: a stand-in)."""
 
     def __init__(
         self,
+        config: Optional[StepConfig] = None,
         *,
-        mask_threads: Optional[int] = None,
-        mask_time_limit_s: Optional[float] = 0.05,
-        pin_memory: Optional[bool] = None,
-        probe: Optional[ForwardProbe] = None,
-        exporter: Optional[StepExporter] = None,
-        timeline: Optional[Timeline] = None,
-        stats_file: Optional[str] = None,
-        log_interval_s: float = 30.0,
-        state: Optional[Callable[[], Mapping[str, StatValue]]] = None,
-        grammar_thread: bool = False,
-        grammar_thread_min_batch: int = 1,
-        upload_stream: bool = False,
+        telemetry: Optional[StepTelemetry] = None,
         forced: Optional[ForcedDrafts] = None,
         native: Optional[Callable[[], Optional[NativeGrammar]]] = None,
         devices: Optional[CudaDevices] = None,
     ) -> None:
+        self.config = config if config is not None else StepConfig()
+        self.telemetry = telemetry if telemetry is not None else StepTelemetry()
+        self.telemetry.attach(self._state)
         self.copier = HostTreeCopier()
         self.ledger = AcceptLedger()
-        self.stats = StepStats()
-        self._threads = mask_threads
-        self._limit_s = mask_time_limit_s
-        self._pin = pin_memory
         self._builder: Optional[TreeMaskBuilder] = None
-        self.probe: ForwardProbe = probe if probe is not None else _Inert()
-        self.exporter: StepExporter = exporter if exporter is not None else _Inert()
-        self.timeline = timeline if timeline is not None else Timeline(None)
-        self.stats_file = stats_file
-        self._stats_path: Optional[str] = None  # stats_file made rank-aware, fixed once the process group is known
-        self.log_interval_s = log_interval_s
-        self._state = state  # extra fields for the stats file (the integration's own, e.g. whether it is active)
         self._time_limit_ok: Optional[bool] = None  # see _may_time_out
         # the mask's upload and its fence (the builder's host buffer is reused by the next build); with
         # ``upload_stream`` on a side stream of its own, off the verify's stream (MaskUploader)
-        self.uploader = MaskUploader(side_stream=upload_stream)
-        self._last_log = float("-inf")
-        # Whether the exporter takes steps (its ``enabled``, absent: True), read at the first step: a disabled one
-        # (no ``--enable-metrics``) is not called at all, nor are the forced-draft counts it would get computed.
-        self._exporting: Optional[bool] = None
+        self.uploader = MaskUploader(side_stream=self.config.upload_stream)
         # The grammar thread (takes the step's native call off the scheduler thread): one worker, jobs in submission
         # order, created on the first job.
-        self.grammar_thread = grammar_thread
-        # a batch of fewer grammar requests runs inline even with the thread on (Settings.grammar_thread_min_batch)
-        self.grammar_thread_min_batch = max(1, grammar_thread_min_batch)
         self._thread: Optional[_GrammarThread] = None
         # Grammar-forced drafts (fewer verify steps where the grammar decides the tokens): filled during the build,
         # uploaded with the mask; None = off.
@@ -370,10 +358,10 @@ class GrammarStep:
         # builder and the ledger. None: Python only.
         self._native_loader = native
         self.native: Optional[NativeGrammar] = None
-        # advance_later inside a build's barrier: the build's ledger plan and the callers waiting for its outcomes
+        # feed_later inside a build's barrier: the build's ledger plan and the callers waiting for its outcomes
         # (set and cleared by _run around the barrier, on whichever thread runs it).
         self._collecting: Optional[LedgerPlan] = None
-        self._waiting: List[Tuple[List[int], Callable[[List[AdvanceOutcome]], None]]] = []
+        self._waiting: List[Waiting] = []
         self._open: Optional[MaskJob] = None  # the grammar-thread job started and not yet joined
         # the calling thread's CUDA device, read per job and made the grammar thread's (CudaDevices; tests: a stand-in)
         self.devices = devices if devices is not None else CudaDevices()
@@ -381,7 +369,8 @@ class GrammarStep:
     @property
     def builder(self) -> TreeMaskBuilder:
         if self._builder is None:
-            pin = self._pin
+            config = self.config
+            pin = config.pin_memory
             if pin is None:
                 import torch
 
@@ -389,17 +378,23 @@ class GrammarStep:
             if self._native_loader is not None:
                 self.native = self._native_loader()
                 self.ledger.native = self.native
-            self._builder = TreeMaskBuilder(threads=self._threads, time_limit_s=self._limit_s, pin_memory=pin,
-                                            native=self.native)
+            self._builder = TreeMaskBuilder(threads=config.mask_threads, time_limit_s=config.mask_time_limit_s,
+                                            pin_memory=pin, native=self.native)
         return self._builder
+
+    def _state(self) -> StepState:
+        """What the telemetry reports about this step (its source, attached at construction)."""
+        return StepState(grammar_thread=self.config.grammar_thread, forced=self._forced_counts(),
+                         native=self.native is not None, tokens_fed=self.ledger.tokens_fed,
+                         ledger_requests=len(self.ledger), pinned_allocations=self.copier.pinned_allocations)
 
     # -- 1. before the verify launch ---------------------------------------------------------------------------
     def copy_tree(self, retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor,
                   draft_tokens: torch.Tensor) -> PendingTree:
         """Start the verify tree's host copy (reused pinned buffers, one event). Call just before the target-verify
         launch, on the stream that produced the tree."""
-        self.probe.on_launch(retrieve_next_token.device)
-        self.timeline.point("tree_copy")
+        self.telemetry.probe.on_launch(retrieve_next_token.device)
+        self.telemetry.timeline.point("tree_copy")
         return self.copier.start(retrieve_next_token, retrieve_next_sibling, draft_tokens)
 
     def copy_host_tree(self, retrieve_next_token: Any, retrieve_next_sibling: Any, draft_tokens: Any) -> PendingTree:
@@ -409,7 +404,7 @@ class GrammarStep:
 
     # -- counters the integrations report (names: ``core.stats.COUNTERS``) ------------------------------------------
     def count(self, name: str, k: int = 1) -> None:
-        self.stats.count(name, k)
+        self.telemetry.stats.count(name, k)
 
     def ledger_outgrows(self, batch_size: int) -> bool:
         """Whether the ledger holds more requests than a few times a batch of ``batch_size`` (at least 64): then
@@ -421,48 +416,37 @@ class GrammarStep:
         """Tokens fed to grammars through the ledger since start (replays feed nothing)."""
         return self.ledger.tokens_fed
 
-    def replay(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[AdvanceOutcome]:
+    # -- 2./4. the exactly-once feed, and its replays -------------------------------------------------------------
+    def replay(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[FeedOutcome]:
         """The recorded outcome of ``key``'s run at ``start`` if it was fed with these same ``tokens`` (counted as a
-        replay), else None: then :meth:`advance_many` decides (a fresh run, or a conflict it re-anchors)."""
+        replay), else None: then :meth:`feed` decides (a fresh run, or a conflict it re-anchors)."""
         if self._open is not None:
             self._settle_open()
         past = self.ledger.outcome(key, start)
         if past is None or past.tokens != tuple(tokens):  # tuple equality: numpy / torch integers compare as ints
             return None
-        self.stats.count("replays")
+        self.telemetry.stats.count("replays")
         return past
 
-    def replay_kept(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[List[int]]:
+    def replay_whole(self, key: Hashable, start: int, tokens: Sequence[int]) -> Optional[List[int]]:
         """Post-processing's common case in one call: the whole run, when ``key``'s run at ``start`` was fed with these
-        ``tokens``, kept them all and raised nothing (``AcceptLedger.kept_whole``; counted as a replay); else None, and
-        the caller asks :meth:`replay` / :meth:`advance_many` (a cut run, a rejection, a fresh run or a conflict)."""
+        ``tokens``, kept them all and raised nothing (``AcceptLedger.replay_whole``; counted as a replay); else None,
+        and the caller asks :meth:`replay` / :meth:`feed` (a cut run, a rejection, a fresh run or a conflict)."""
         if self._open is not None:
             self._settle_open()
-        kept = self.ledger.kept_whole(key, start, tokens)
+        kept = self.ledger.replay_whole(key, start, tokens)
         if kept is None:
             return None
-        self.stats.counters["replays"] += 1  # every counter is present from the start (StepStats)
+        self.telemetry.stats.counters["replays"] += 1  # every counter is present from the start (StepStats)
         return list(kept)
 
-    def was_advanced(self, key: Hashable, start: int) -> bool:
-        """True if the run of ``key`` at output position ``start`` was already fed (a later ask is a replay)."""
-        self._settle_open()
-        return self.ledger.outcome(key, start) is not None
-
-    # -- 2./4. the exactly-once advance --------------------------------------------------------------------------
-    def advance(self, key: Hashable, grammar: GrammarLike, start: int, tokens: Sequence[int],
-                matcher: Optional[MatcherLike] = None,
-                on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None) -> AdvanceOutcome:
-        """Feed ``tokens`` (committed at output position ``start``) to ``grammar`` exactly once (through ``matcher``,
-        the native matcher inside it, when given; ``on_feed(grammar, outcome)`` after a fresh feed:
-        ``AcceptLedger``, "Native feed"). :meth:`advance_many` with one run."""
-        return self.advance_many(((key, grammar, start, tokens, matcher),), on_feed)[0]
-
-    def advance_many(self, runs: Sequence[Run], on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None,
-                     *, count_replays: bool = False) -> List[AdvanceOutcome]:
-        """:meth:`advance` for every ``(key, grammar, start, tokens, matcher)`` of a batch in one call
-        (``AcceptLedger.advance_many``), one outcome per run in order. ``count_replays``: count the runs answered
-        from the ledger's history as ``replays`` (post-processing asks; a barrier's second ask is not one).
+    def feed(self, runs: Sequence[Run], on_feed: Optional[Callable[[Any, FeedOutcome], None]] = None,
+             *, count_replays: bool = False) -> List[FeedOutcome]:
+        """Feed every :class:`~sglang_eagle_overlap.core.ledger.Run` of a batch (its ``tokens``, committed at output
+        position ``start``) to its grammar exactly once, in one call (``AcceptLedger.feed``: through ``matcher``, the
+        native matcher inside the grammar, when given; ``on_feed(grammar, outcome)`` after a fresh feed, "Native
+        feed"), one outcome per run in order. A run already fed is replayed from the ledger; ``count_replays``: count
+        those as ``replays`` (post-processing asks; a barrier's second ask is not one).
 
         If the ledger and the host disagree about a run's position (the host rolled or rebuilt the matcher behind the
         ledger's back), that entry is re-anchored at the host's position, counted and logged, instead of raising into
@@ -477,55 +461,53 @@ class GrammarStep:
         plan.feed()
         return _fed(plan, slots)
 
-    def advance_later(self, rows: Sequence[RowRun], result: ResultRuns,
-                      on_done: Optional[Callable[[List[AdvanceOutcome]], None]],
-                      on_feed: Optional[Callable[[Any, AdvanceOutcome], None]] = None, *,
-                      count_replays: bool = False) -> None:
-        """:meth:`advance_many` of ``(key, grammar, start, matcher, row)``: the runs of those rows of ``result``, their
-        outcomes handed to ``on_done`` (None: nobody waits for them; they are in the ledger, where a later ask finds
-        them, and no list of them is made). Called from a mask build's barrier (``start_build`` / ``build_mask``'s
-        ``barrier``), the runs are checked by the ledger at once and fed by that build, with its tree walk, in one
-        native call, which reads their tokens from ``result`` itself once its host copy is done (so a barrier run
-        before the verify launch never waits for the copy); called elsewhere, at once. Either way every run is fed
-        exactly once and ``on_done``, if given, is called once -- for a barrier, when the build is joined
+    def feed_later(self, rows: Sequence[RowRun], result: ResultRuns,
+                   on_done: Optional[Callable[[List[FeedOutcome]], None]],
+                   on_feed: Optional[Callable[[Any, FeedOutcome], None]] = None, *,
+                   count_replays: bool = False) -> None:
+        """:meth:`feed` of :class:`~sglang_eagle_overlap.core.ledger.RowRun` records: the runs of those rows of
+        ``result``, their outcomes handed to ``on_done`` (None: nobody waits for them; they are in the ledger, where a
+        later ask finds them, and no list of them is made). Called from a mask build's barrier (``start_build`` /
+        ``build_mask``'s ``barrier``), the runs are checked by the ledger at once and fed by that build, with its tree
+        walk, in one native call, which reads their tokens from ``result`` itself once its host copy is done (so a
+        barrier run before the verify launch never waits for the copy); called elsewhere, at once. Either way every
+        run is fed exactly once and ``on_done``, if given, is called once -- for a barrier, when the build is joined
         (``finish_build``), also when it failed. Until then the caller must not read the runs' effects (SGLang's loop
         reads them only after sampling)."""
         plan = self._collecting
         if plan is None:
-            outcomes = self.advance_many([(k, g, s, result.run(r), m) for k, g, s, m, r in rows], on_feed,
-                                         count_replays=count_replays)
+            outcomes = self.feed([_run_of(r, result) for r in rows], on_feed, count_replays=count_replays)
             if on_done is not None:
                 on_done(outcomes)
             return
         replays, errors = self.ledger.replays, plan.errors
         slots = list(plan.add_rows(rows, result, on_feed))
         if plan.errors != errors:
-            self._reanchor(plan, slots,
-                           lambda j: (rows[j][0], rows[j][1], rows[j][2], result.run(rows[j][4]), rows[j][3]), on_feed)
+            self._reanchor(plan, slots, lambda j: _run_of(rows[j], result), on_feed)
         self._count_replays(count_replays, replays)
         if on_done is not None:
-            self._waiting.append((slots, on_done))
+            self._waiting.append(Waiting(slots, on_done))
 
     def _reanchor(self, plan: LedgerPlan, slots: List[int], run_of: Callable[[int], Run],
-                  on_feed: Optional[Callable[[Any, AdvanceOutcome], None]]) -> List[int]:
+                  on_feed: Optional[Callable[[Any, FeedOutcome], None]]) -> List[int]:
         """Re-anchor every run of ``slots`` (the j-th is ``run_of(j)``) that the ledger disagreed with (see
-        :meth:`advance_many`) and add it again; returns the slots with the new ones."""
+        :meth:`feed`) and add it again; returns the slots with the new ones."""
         out = plan.out
         for j, slot in enumerate(slots):
             result = out[slot]
             if isinstance(result, LedgerError):
-                key, grammar, start, tokens, matcher = run_of(j)
+                run = run_of(j)
                 logger.warning("sglang-eagle-overlap: re-anchoring grammar ledger of request %s at position %d: %s",
-                               key, start, result)
-                self.stats.count("ledger_resets")
+                               run.key, run.start, result)
+                self.telemetry.stats.count("ledger_resets")
                 plan.feed()  # a run of this key may wait: the re-anchor must not drop its entry under it
-                self.ledger.reset(key, start)
-                slots[j] = plan.add(((key, grammar, start, tokens, matcher),), on_feed)[0]
+                self.ledger.reset(run.key, run.start)
+                slots[j] = plan.add((run,), on_feed)[0]
         return slots
 
     def _count_replays(self, count: bool, before: int) -> None:
         if count and self.ledger.replays != before:
-            self.stats.count("replays", self.ledger.replays - before)
+            self.telemetry.stats.count("replays", self.ledger.replays - before)
 
     def prune(self, live: Optional[Collection[Hashable]], finished: Sequence[Hashable] = ()) -> None:
         """Keep the ledger bounded: drop ``finished`` requests, and all not ``live`` once it outgrows the batch
@@ -534,7 +516,7 @@ class GrammarStep:
         for key in finished:
             self.ledger.forget(key)
         if live is not None and self.ledger_outgrows(len(live)):
-            self.stats.count("ledger_forgets", self.ledger.retain(live))
+            self.telemetry.stats.count("ledger_forgets", self.ledger.retain(live))
 
     # -- 2./3. the mask build: started before (grammar thread) or after (inline) the verify launch --------------------
     def start_build(
@@ -565,10 +547,10 @@ class GrammarStep:
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=allow_timeout and self._may_time_out(), forced=self.forced is not None)
         builder = self.builder
-        threaded = self.grammar_thread and not job.forced and builder.native is not None
-        if threaded and len(requests) < self.grammar_thread_min_batch:
+        threaded = self.config.grammar_thread and not job.forced and builder.native is not None
+        if threaded and len(requests) < max(1, self.config.grammar_thread_min_batch):
             threaded = False  # a hand-off costs more than this batch's native call: inline at finish_build
-            self.stats.count("small_batch_inline_steps")
+            self.telemetry.stats.count("small_batch_inline_steps")
         if threaded:
             self._collect(job)
             plan = job.ledger_plan
@@ -586,7 +568,7 @@ class GrammarStep:
                 job.future = self._thread.submit(_native_job, plan.sources(), tree, job.upload_event, call,
                                                  device=self.devices.current())
                 self._open = job
-                self.stats.counters["thread_steps"] += 1  # every counter is present from the start (StepStats)
+                self.telemetry.stats.counters["thread_steps"] += 1  # every counter is present from the start
         job.submit_s = time.perf_counter() - t0
         return job
 
@@ -598,7 +580,7 @@ class GrammarStep:
         aliases the builder's buffer: this step's sampling consumes it before the next build. An exception of the
         work is raised here."""
         t0 = time.perf_counter()
-        self.probe.on_mask_start(device, t0)
+        self.telemetry.probe.on_mask_start(device, t0)
         threaded = job.future is not None
         if job.future is not None:
             result, t_join = self._join(job)
@@ -615,24 +597,22 @@ class GrammarStep:
         if unmasked and draft_device is not None:
             neutralize_timed_out_drafts(draft_device, unmasked, n)
         t3 = time.perf_counter()
-        unhidden = self.probe.on_mask_ready(t3)
+        telemetry = self.telemetry
+        unhidden = telemetry.probe.on_mask_ready(t3)
         upload_s = t3 - t_join
         bs = len(job.requests)
         # inline: the whole work ran here, gil_s stays 0 and there is no join to wait for
-        self.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out), bs,
-                               unhidden, sched_s=job.submit_s + (t3 - t0),
-                               join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s,
-                               handoff_s=job.handoff_s)
+        telemetry.stats.record_step(job.advance_s, job.tree_wait_s, job.build_s + upload_s, len(result.timed_out),
+                                    bs, unhidden, sched_s=job.submit_s + (t3 - t0),
+                                    join_wait_s=(t_join - t0) if threaded else 0.0, helper_gil_s=job.gil_s,
+                                    handoff_s=job.handoff_s)
         if result.failed:
-            self.stats.count("mask_failures", len(result.failed))
-        exporting = self._exporting
-        if exporting is None:
-            exporting = self._exporting = bool(getattr(self.exporter, "enabled", True))
-        if exporting:
+            telemetry.stats.count("mask_failures", len(result.failed))
+        if telemetry.exporting:
             fp, fa = self._forced_delta()
-            self.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out), forced_proposed=fp,
-                                       forced_accepted=fa)
-        tl = self.timeline
+            telemetry.exporter.observe_step(t3 - t0, unhidden, len(result.timed_out), forced_proposed=fp,
+                                            forced_accepted=fa)
+        tl = telemetry.timeline
         if tl.enabled:
             m0, m1, m2, m3 = job.marks
             tl.span("advance", m0, m1, bs)
@@ -642,7 +622,7 @@ class GrammarStep:
                 tl.span("grammar_join", t0, t_join, bs)
             tl.span("mask_upload", t_join if threaded else m3, t3, bs)
             tl.point("sample", t3, bs)
-        self.report()
+        telemetry.report()
         return StepMask(device_mask, result)
 
     def build_mask(
@@ -665,7 +645,7 @@ class GrammarStep:
         return self.finish_build(job, device=device, draft_device=draft_device)
 
     def _collect(self, job: MaskJob) -> None:
-        """Run ``job``'s barrier: the runs it hands to :meth:`advance_later` go into a fresh ledger plan of the job
+        """Run ``job``'s barrier: the runs it hands to :meth:`feed_later` go into a fresh ledger plan of the job
         (``job.ledger_plan``, callers in ``job.waiting``). Marks the barrier's start and end."""
         plan = job.ledger_plan = self.ledger.plan()
         t0 = time.perf_counter()
@@ -679,7 +659,7 @@ class GrammarStep:
 
     def _run(self, job: MaskJob) -> TreeMask:
         """The inline work, on the scheduler thread: barrier -> tree wait -> wait until the previous upload left the
-        reused host buffer -> build. The runs the barrier hands to :meth:`advance_later` are checked by the ledger at
+        reused host buffer -> build. The runs the barrier hands to :meth:`feed_later` are checked by the ledger at
         once and fed by the build, in the same native call as the tree walk where it can; whatever happens, every one
         is fed, and its caller told, before this returns."""
         if job.ledger_plan is None:
@@ -761,9 +741,9 @@ class GrammarStep:
         waiting, job.waiting = job.waiting, []
         plan.feed()
         first: Optional[Exception] = None
-        for slots, on_done in waiting:
+        for w in waiting:
             try:
-                on_done(_fed(plan, slots))
+                w.on_done(_fed(plan, w.slots))
             except Exception as exc:  # noqa: BLE001 - raised below, once every caller was told
                 job.failed_callbacks += 1
                 if first is None:
@@ -788,16 +768,16 @@ class GrammarStep:
                 raise
             logger.warning("sglang-eagle-overlap: an abandoned grammar step failed: %s: %s", type(exc).__name__, exc)
 
-    def _forced_counts(self) -> Tuple[int, int, int, int, int]:
+    def _forced_counts(self) -> Optional[ForcedCounts]:
         """Forced drafts proposed, changed, accepted, accepted of the changed ones, and nodes with a continuation, since
-        start (zeros when off)."""
+        start (None when off)."""
         f = self.forced
-        return (0, 0, 0, 0, 0) if f is None else (f.proposed, f.changed, f.accepted, f.changed_accepted,
-                                                  f.recorded_nodes)
+        return None if f is None else ForcedCounts(f.proposed, f.changed, f.accepted, f.changed_accepted,
+                                                   f.recorded_nodes)
 
     def _forced_delta(self) -> Tuple[int, int]:
         """Forced drafts proposed / accepted since the last call (for the exporter's counters)."""
-        proposed, _, accepted, _, _ = self._forced_counts()
+        proposed, _, accepted, _, _ = self._forced_counts() or ForcedCounts()
         seen, self._forced_seen = self._forced_seen, (proposed, accepted)
         return proposed - seen[0], accepted - seen[1]
 
@@ -818,86 +798,7 @@ class GrammarStep:
         if self._time_limit_ok is None:
             rank = distributed_rank()
             self._time_limit_ok = rank is None or rank[1] <= 1
-            if rank is not None and not self._time_limit_ok and self._limit_s:
+            if rank is not None and not self._time_limit_ok and self.config.mask_time_limit_s:
                 logger.info("sglang-eagle-overlap: mask time limit off in this process (rank %d of %d): tensor-"
                             "parallel ranks must build identical masks", rank[0], rank[1])
         return self._time_limit_ok
-
-    # -- reporting -----------------------------------------------------------------------------------------------
-    def snapshot(self) -> Dict[str, StatValue]:
-        s = self.stats
-        d: Dict[str, StatValue] = {
-            "steps": s.steps,
-            "grammar_s": s.grammar_s,
-            "unhidden_s": s.unhidden_s,
-            "advance_s": s.advance_s,
-            "tree_wait_s": s.tree_wait_s,
-            "mask_s": s.mask_s,
-            "mask_timeouts": s.mask_timeouts,
-            "sched_s": s.sched_s,
-            "join_wait_s": s.join_wait_s,
-            "helper_gil_s": s.helper_gil_s,
-            "handoff_s": s.handoff_s,
-            "grammar_thread": self.grammar_thread,
-            "forced_drafts": self.forced is not None,
-            "native": self.native is not None,
-            "tokens_advanced": self.ledger.tokens_fed,
-            "ledger_requests": len(self.ledger),
-            "pinned_allocations": self.copier.pinned_allocations,
-            "pid": os.getpid(),
-        }
-        (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
-         d["forced_nodes"]) = self._forced_counts()
-        rank = distributed_rank()
-        d["rank"], d["world_size"] = rank if rank is not None else (None, None)
-        d.update(s.counters)
-        if self._state is not None:
-            d.update(self._state())
-        return d
-
-    def report(self) -> None:
-        """An INFO line on the first step and then every ``log_interval_s``; the JSON stats file every step when
-        ``stats_file`` is set (tests, debugging). The line's numbers are means per verify step since start: grammar
-        ms (advance + tree wait + mask), the part not hidden by the forward, and the mask time-limit hits."""
-        s = self.stats
-        now = time.monotonic()
-        if s.steps == 1 or now - self._last_log >= self.log_interval_s:
-            self._last_log = now
-            m = s.per_step_ms()
-            logger.info(
-                "sglang-eagle-overlap: %d grammar verify steps; per step: grammar %.3f ms (advance %.3f, tree wait "
-                "%.3f, mask %.3f), on the scheduler thread %.3f ms (grammar thread %s: hand-off %.3f, join wait %.3f, "
-                "its GIL time <= %.3f), not hidden by the forward %.3f ms; %d mask time-limit hits; forced drafts %s "
-                "(%d proposed, %d changed, %d accepted); ledger %d requests; %s",
-                s.steps, m["grammar_ms"], m["advance_ms"], m["tree_wait_ms"], m["mask_ms"], m["sched_ms"],
-                "on" if self.grammar_thread else "off", m["handoff_ms"], m["join_wait_ms"], m["helper_gil_ms"],
-                m["unhidden_ms"],
-                s.mask_timeouts, "on" if self.forced is not None else "off", *self._forced_counts()[:3],
-                len(self.ledger), s.counters,
-            )
-        self.write_stats()
-
-    def stats_path(self) -> Optional[str]:
-        """Where :meth:`write_stats` writes: ``stats_file``, suffixed with the process's rank when it is one of
-        several ranks of a ``torch.distributed`` group (TP > 1: ``stats.json`` -> ``stats.rank<r>.json`` for every
-        rank, see :func:`~sglang_eagle_overlap.core.stats.rank_stats_path`). Fixed at the first call that finds the
-        group initialised; before that (or without torch.distributed) ``stats_file`` itself."""
-        if not self.stats_file or self._stats_path is not None:
-            return self._stats_path or self.stats_file
-        rank = distributed_rank()
-        if rank is None:
-            return self.stats_file
-        self._stats_path = rank_stats_path(self.stats_file, *rank)
-        return self._stats_path
-
-    def write_stats(self) -> None:
-        path = self.stats_path()
-        if not path:
-            return
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(self.snapshot(), f)
-            os.replace(tmp, path)
-        except OSError as exc:  # stats are best effort, never fail a step for them
-            logger.debug("sglang-eagle-overlap: cannot write stats file %s: %s", path, exc)

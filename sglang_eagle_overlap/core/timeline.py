@@ -141,7 +141,7 @@ class Timeline:
 _singleton: List[Optional[Timeline]] = [None]
 
 
-def timeline(path: Optional[str]) -> Timeline:
+def process_timeline(path: Optional[str]) -> Timeline:
     """The process's recorder, created on the first call with ``path`` (the plugin's ``Settings.timeline_file``, or a
     dev probe's own ``SGLANG_EAGLE_OVERLAP_TIMELINE_FILE``; None: disabled). Later calls return the same recorder
     whatever they pass: the plugin and the dev probes of stock SGLang share one file per process."""

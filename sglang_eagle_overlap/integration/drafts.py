@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional, Sequence
 
-from sglang_eagle_overlap.core.forced import BatchEncoder
+from sglang_eagle_overlap.core import BatchEncoder
 from sglang_eagle_overlap.integration.requests import algorithm_name
 from sglang_eagle_overlap.integration.runtime import Runtime
 from sglang_eagle_overlap.settings import FORCED_DRAFTS_AUTO_ALGORITHMS

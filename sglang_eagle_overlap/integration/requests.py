@@ -17,9 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from sglang_eagle_overlap.core.ledger import AdvanceOutcome, ResultRuns, RowRun, Run
-from sglang_eagle_overlap.core.mask import MaskBatch, MaskRequest
-from sglang_eagle_overlap.core.step import GrammarStep, StepMask
+from sglang_eagle_overlap.core import (FeedOutcome, GrammarStep, MaskBatch, MaskRequest, ResultRuns, RowRun, Run,
+                                       StepMask)
 
 __all__ = [
     "abort_mask_failed",
@@ -156,7 +155,7 @@ def finish_with_error(req: Any, message: str) -> bool:
     return True
 
 
-def record_on_xgrammar(grammar: Any, outcome: AdvanceOutcome) -> None:
+def record_on_xgrammar(grammar: Any, outcome: FeedOutcome) -> None:
     """What SGLang's ``XGrammarGrammar.accept_token`` records on itself besides feeding its matcher, for a run the
     ledger fed to that matcher directly: the last token offered (``current_token``; a rejected one included) and the
     accepted ones (``accepted_tokens``). A grammar terminated before the run was offered nothing."""
@@ -179,28 +178,29 @@ def _ledger_runs(rows: Sequence[RequestRun]) -> List[Run]:
     runs: List[Run] = []
     for req, start, tokens in rows:
         grammar = req.grammar
-        runs.append((str(req.rid), grammar, start, tokens, grammar.matcher if is_xgrammar(grammar) else None))
+        runs.append(Run(key=str(req.rid), grammar=grammar, matcher=grammar.matcher if is_xgrammar(grammar) else None,
+                        start=start, tokens=tokens))
     return runs
 
 
-def advance_requests(step: GrammarStep, rows: Sequence[RequestRun]) -> List[AdvanceOutcome]:
-    """``step.advance`` of every row's run in one ledger call (a barrier: feeds, aborts nothing -- post-processing
+def advance_requests(step: GrammarStep, rows: Sequence[RequestRun]) -> List[FeedOutcome]:
+    """``step.feed`` of every row's run in one ledger call (a barrier: feeds, aborts nothing -- post-processing
     replays the outcomes and aborts there). One outcome per row, in order."""
-    return step.advance_many(_ledger_runs(rows), record_on_xgrammar)
+    return step.feed(_ledger_runs(rows), record_on_xgrammar)
 
 
 def advance_rows_later(step: GrammarStep, rows: Sequence[RowRun], result: ResultRuns,
-                       on_done: Optional[Callable[[List[AdvanceOutcome]], None]] = None, *,
+                       on_done: Optional[Callable[[List[FeedOutcome]], None]] = None, *,
                        count_replays: bool = False) -> None:
-    """The runs of ``rows`` (:func:`result_rows`) of ``result`` through ``GrammarStep.advance_later``: inside a mask
+    """The runs of ``rows`` (:func:`result_rows`) of ``result`` through ``GrammarStep.feed_later``: inside a mask
     build's barrier they are queued without reading their tokens and fed by that build (with its tree walk, in one
     native call), ``on_done`` getting the outcomes when the build is joined; elsewhere at once. ``on_done`` None
     (0.5.16's barrier): no outcome is handed back, post-processing asks again and is answered from the ledger.
     :func:`record_on_xgrammar` keeps SGLang's ``XGrammarGrammar`` record of runs fed to its bare matcher."""
-    step.advance_later(rows, result, on_done, record_on_xgrammar, count_replays=count_replays)
+    step.feed_later(rows, result, on_done, record_on_xgrammar, count_replays=count_replays)
 
 
-def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
+def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> FeedOutcome:
     """:func:`advance_requests` of one run."""
     return advance_requests(step, ((req, start, tokens),))[0]
 
@@ -210,15 +210,15 @@ def accept_runs(step: GrammarStep, rows: Sequence[RequestRun]) -> List[List[int]
     once (replayed, and counted as ``replays``, if the verify barrier fed it already), and return the run each request
     keeps (module docstring), in order. A rejected token aborts that request alone."""
     return kept_runs(step, [row[0] for row in rows],
-                     step.advance_many(_ledger_runs(rows), record_on_xgrammar, count_replays=True))
+                     step.feed(_ledger_runs(rows), record_on_xgrammar, count_replays=True))
 
 
-def kept_runs(step: GrammarStep, reqs: Sequence[Any], outcomes: Sequence[AdvanceOutcome]) -> List[List[int]]:
+def kept_runs(step: GrammarStep, reqs: Sequence[Any], outcomes: Sequence[FeedOutcome]) -> List[List[int]]:
     """The run each request keeps from its outcome (:func:`kept_run`), in order."""
     return [kept_run(step, req, o) for req, o in zip(reqs, outcomes)]
 
 
-def kept_run(step: GrammarStep, req: Any, outcome: AdvanceOutcome) -> List[int]:
+def kept_run(step: GrammarStep, req: Any, outcome: FeedOutcome) -> List[int]:
     """The run ``req`` keeps from ``outcome`` (module docstring): the retained tokens, unless the grammar had already
     terminated (then the first token); a rejection aborts ``req`` alone (once, counted)."""
     if outcome.error is None and (outcome.retained or not outcome.terminated):
@@ -235,7 +235,7 @@ def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -
     return kept_run(step, req, o)
 
 
-def _kept(step: GrammarStep, req: Any, tokens: Sequence[int], outcome: AdvanceOutcome) -> List[int]:
+def _kept(step: GrammarStep, req: Any, tokens: Sequence[int], outcome: FeedOutcome) -> List[int]:
     """The run ``req`` keeps from ``outcome`` (module docstring); a rejection aborts ``req`` (once, counted)."""
     if outcome.error is not None:
         if finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {outcome.error}"):
@@ -256,7 +256,7 @@ def abort_mask_failed(req: Any, error: str) -> None:
 
 
 def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[str]] = None) -> List[RowRun]:
-    """The ledger's ``(key, grammar, start, matcher, row)`` for every row of a result whose run SGLang's
+    """The ledger's :class:`~sglang_eagle_overlap.core.RowRun` for every row of a result whose run SGLang's
     post-processing will commit to a grammar: the request is constrained, not finished (SG#28986), not retracted,
     and -- for a prefill result (one token per row) -- not a chunk that did not finish its prompt. Keyed by request id
     at output position ``len(req.output_ids)`` (the result is not yet appended); through the bare xgrammar matcher
@@ -275,7 +275,7 @@ def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[s
         if prefill and req.inflight_middle_chunks > 0:
             continue  # a chunk that did not finish the prompt emits no token
         row = _view_of(req, grammar).row  # its key and kind, made at its first mask build
-        out.append((row.request_id, grammar, len(req.output_ids), row.matcher, i))
+        out.append(RowRun(key=row.request_id, grammar=grammar, matcher=row.matcher, start=len(req.output_ids), row=i))
     return out
 
 

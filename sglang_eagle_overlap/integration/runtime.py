@@ -14,9 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple, Union
 
-from sglang_eagle_overlap.core.forced import ForcedDrafts
-from sglang_eagle_overlap.core.native import NativeGrammar, NativeUnavailable, load_native
-from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eagle_overlap.core import (ForcedDrafts, GrammarStep, NativeGrammar, NativeUnavailable, StepConfig,
+                                       StepTelemetry, load_native, process_timeline)
 from sglang_eagle_overlap.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -59,22 +58,28 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
     rt = _process[0]
     if rt is not None:
         return rt
-    from sglang_eagle_overlap.core.timeline import timeline
     from sglang_eagle_overlap.metrics import ForwardReadyProbe, PrometheusExporter
 
     holder: List[Runtime] = []
-    step = GrammarStep(
+    config = StepConfig(
         mask_threads=settings.mask_threads,
         mask_time_limit_s=settings.mask_time_limit_s,
-        probe=ForwardReadyProbe(),
-        exporter=PrometheusExporter(),  # inert unless SGLang runs with --enable-metrics
-        timeline=timeline(settings.timeline_file),  # the process-wide recorder (shared with the dev probes of stock SGLang)
-        stats_file=settings.stats_file,
-        log_interval_s=settings.log_interval_s,
-        state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
         grammar_thread=settings.grammar_thread,
         grammar_thread_min_batch=settings.grammar_thread_min_batch,
         upload_stream=settings.mask_upload_stream,
+    )
+    telemetry = StepTelemetry(
+        probe=ForwardReadyProbe(),
+        exporter=PrometheusExporter(),  # inert unless SGLang runs with --enable-metrics
+        # the process-wide recorder (shared with the dev probes of stock SGLang)
+        timeline=process_timeline(settings.timeline_file),
+        stats_file=settings.stats_file,
+        log_interval_s=settings.log_interval_s,
+        state=lambda: {"active": bool(holder and holder[0].active), "origin": origin},
+    )
+    step = GrammarStep(
+        config,
+        telemetry=telemetry,
         # auto (None): created, then kept or dropped at the first verify, by its algorithm (drafts.before_verify)
         forced=ForcedDrafts(require_admission=True) if settings.forced_drafts is not False else None,
         native=None if settings.native is False else functools.partial(load_native_for, settings.native),

@@ -14,11 +14,14 @@ import pytest
 import torch
 
 from sglang_eagle_overlap import metrics as M
-from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import MaskRequest
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core import step as step_mod
+from sglang_eagle_overlap.core import telemetry as telemetry_mod
 from sglang_eagle_overlap.core import timeline as T
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eo_dev.helpers.clocks import FakeTime
+from sglang_eo_dev.helpers.steps import make_step
 
 
 class _Clock(FakeTime):
@@ -33,6 +36,7 @@ def clock(monkeypatch):
     """The test's clock, and a mask build that takes ``clock.mask_s`` on it (the phase after the tree wait)."""
     c = _Clock()
     monkeypatch.setattr(step_mod, "time", c)
+    monkeypatch.setattr(telemetry_mod, "time", c)
     monkeypatch.setattr(T, "time", c)
     finish = TreeMaskBuilder.finish
 
@@ -58,8 +62,8 @@ class _Tree:
 
 @pytest.fixture
 def fresh_state(tmp_path):
-    return GrammarStep(probe=M.ForwardReadyProbe(), exporter=M.PrometheusExporter(),
-                       timeline=T.Timeline(str(tmp_path / "tl.json")))
+    return make_step(probe=M.ForwardReadyProbe(), exporter=M.PrometheusExporter(),
+                     timeline=T.Timeline(str(tmp_path / "tl.json")))
 
 
 def _step(step, clock, bs=3, barrier_s=0.5, wait_s=0.25, mask_s=0.125):
@@ -83,14 +87,14 @@ def test_step_stats_and_snapshot_carry_grammar_and_unhidden_time(fresh_state, cl
     1000 ms, tree wait 500 ms, mask 250 ms, grammar 1750 ms; on a CPU the forward ran inside the launch call, so
     sampling waited for all of the grammar time (un-hidden 1750 ms), all of it on the scheduler thread (inline)."""
     _step(fresh_state, clock)
-    assert fresh_state.stats.last == {"advance_s": 0.5, "tree_wait_s": 0.25, "mask_s": 0.125, "bs": 3.0,
+    assert fresh_state.telemetry.stats.last == {"advance_s": 0.5, "tree_wait_s": 0.25, "mask_s": 0.125, "bs": 3.0,
                                       "unhidden_s": 0.875}
     _step(fresh_state, clock, barrier_s=1.5, wait_s=0.75, mask_s=0.375)
-    s = fresh_state.stats
+    s = fresh_state.telemetry.stats
     assert s.steps == 2
     assert (s.advance_s, s.tree_wait_s, s.mask_s, s.grammar_s) == (2.0, 1.0, 0.5, 3.5)
     assert s.unhidden_s == 3.5 and s.sched_s == 3.5
-    snap = fresh_state.snapshot()
+    snap = fresh_state.telemetry.snapshot()
     assert snap["unhidden_s"] == 3.5 and snap["grammar_s"] == 3.5 and snap["mask_timeouts"] == 0
     assert s.per_step_ms() == {"grammar_ms": 1750.0, "unhidden_ms": 1750.0, "advance_ms": 1000.0,
                                "tree_wait_ms": 500.0, "mask_ms": 250.0, "sched_ms": 1750.0, "join_wait_ms": 0.0,
@@ -98,7 +102,7 @@ def test_step_stats_and_snapshot_carry_grammar_and_unhidden_time(fresh_state, cl
 
 
 def test_per_step_means_are_zero_before_the_first_step():
-    assert set(GrammarStep().stats.per_step_ms().values()) == {0.0}
+    assert set(make_step().telemetry.stats.per_step_ms().values()) == {0.0}
 
 
 def test_log_line_names_the_operator_numbers(fresh_state, clock, caplog):
@@ -116,7 +120,7 @@ def test_mask_step_stamps_the_timeline_in_order(fresh_state, clock):
     0.125 s, upload 0 s (no mask on the CPU), then the sample point; the tree copy 1000 s (the forward) before."""
     t_copy = clock.now
     _step(fresh_state, clock, bs=3)
-    evs = fresh_state.timeline.events()
+    evs = fresh_state.telemetry.timeline.events()
     names = [e[0] for e in evs]
     assert names == ["tree_copy", "advance", "tree_wait", "mask_build", "mask_upload", "sample"]
     assert [(e[1], e[2]) for e in evs] == [(t_copy, t_copy), (t_copy + 1000.0, t_copy + 1000.5),
@@ -127,9 +131,9 @@ def test_mask_step_stamps_the_timeline_in_order(fresh_state, clock):
 
 
 def test_disabled_timeline_records_nothing_but_stats_still_count(clock):
-    step = GrammarStep(probe=M.ForwardReadyProbe(), timeline=T.Timeline(None))
+    step = make_step(probe=M.ForwardReadyProbe(), timeline=T.Timeline(None))
     _step(step, clock)
-    assert step.timeline.events() == [] and step.stats.steps == 1 and step.stats.grammar_s == 0.875
+    assert step.telemetry.timeline.events() == [] and step.telemetry.stats.steps == 1 and step.telemetry.stats.grammar_s == 0.875
 
 
 class _FakeEvent:

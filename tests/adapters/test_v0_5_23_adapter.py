@@ -217,14 +217,14 @@ def test_mask_equals_upstream_generate_token_bitmask(topk, steps):
 def test_mask_timeout_neutralises_drafts(active_state):
     from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
     from sglang_eagle_overlap.adapters.v0_5_23.band import PluginGrammarTree
-    from sglang_eagle_overlap.core import TreeMaskBuilder
+    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 
     reqs, (nxt, sib, tok), n = _tree_batch(7, 2, 4, 3)
     saved = active_state.step._builder
     active_state.step._builder = TreeMaskBuilder(strategy="native", time_limit_s=1e-12)
     try:
         draft = tok.clone().reshape(-1)  # flat, like EagleVerifyInput.draft_token
-        before = active_state.step.stats.mask_timeouts
+        before = active_state.step.telemetry.stats.mask_timeouts
         got = build_grammar_vocab_mask_around(
             None, reqs=reqs, tree=PluginGrammarTree.from_device(nxt, sib, draft.view(nxt.shape)),
             sampling_info=SimpleNamespace(vocab_size=VOCAB, grammar_mask=None), device=torch.device("cpu"),
@@ -232,7 +232,7 @@ def test_mask_timeout_neutralises_drafts(active_state):
     finally:
         active_state.step._builder = saved
     view = draft.view(-1, n)
-    assert active_state.step.stats.mask_timeouts - before == 2
+    assert active_state.step.telemetry.stats.mask_timeouts - before == 2
     assert torch.all(view[:, 1:] == -1) and torch.equal(view[:, 0], tok[:, 0])
     # the root rows are exact, everything else all-allowed
     for i, r in enumerate(reqs):

@@ -43,7 +43,7 @@ def test_per_step_grammar_work_is_flat_over_a_long_output(active_state, monkeypa
 
     from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
     from sglang_eagle_overlap.adapters.v0_5_23.band import PluginGrammarTree
-    from sglang_eagle_overlap.core import TreeMaskBuilder
+    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
     from sglang_eo_dev.helpers.grammars import _compiler
     from sglang_eo_dev.helpers.tokenizers import EOS_ID, encode
     from sglang_eo_dev.helpers.trees import eagle_tree

@@ -40,12 +40,12 @@ def test_a_prefill_result_does_not_prune_the_running_requests(active_state):
     _ours_advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])), _batch([new], "EXTEND"))
     assert "n" in ledger
     assert all(f"a{i}" in ledger and ledger.consumed(f"a{i}") == 6 for i in range(RUNNING))
-    assert active_state.step.stats.counters["ledger_forgets"] == 0
+    assert active_state.step.telemetry.stats.counters["ledger_forgets"] == 0
 
     # a run of a0 that would skip two tokens is still caught (the entry knows where its matcher is)
     running[0].output_ids += doc[6:8]
     _ours_advance(verify_result([doc[8:9]] + [doc[6:7]] * (RUNNING - 1), 4), _batch(running, "DECODE"))
-    assert active_state.step.stats.counters["ledger_resets"] == 1
+    assert active_state.step.telemetry.stats.counters["ledger_resets"] == 1
 
 
 def test_a_request_no_longer_running_is_pruned(active_state):
@@ -65,7 +65,7 @@ def test_a_request_no_longer_running_is_pruned(active_state):
     _ours_advance(GenerationBatchResult(next_token_ids=torch.tensor([doc[0]])),
                   _batch([stand_in_req("n", sglang_grammar("nested", VOCAB))], "EXTEND"))
     assert all(r.rid not in ledger for r in gone) and all(r.rid in ledger for r in running) and "n" in ledger
-    assert active_state.step.stats.counters["ledger_forgets"] == len(gone)
+    assert active_state.step.telemetry.stats.counters["ledger_forgets"] == len(gone)
 
 
 def test_a_failing_before_verify_leaves_no_verify_context(active_state, monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.integration.requests import accept_run, advance_request, is_xgrammar
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.steps import make_step
 
 VOCAB = 32000
 
@@ -63,7 +64,7 @@ def test_native_feed_leaves_sglangs_grammar_as_its_own_accept_would(case, monkey
     calls = []
     orig = type(ours).accept_token
     monkeypatch.setattr(type(ours), "accept_token", lambda self, t: (calls.append(t), orig(self, t))[1])
-    out = advance_request(GrammarStep(), req, at, run)
+    out = advance_request(make_step(), req, at, run)
     assert calls == []  # the wrapper was not called: the matcher was fed directly
     assert _state(ours) == _state(theirs)
     assert (out.error is not None) == (case == "rejected")
@@ -74,6 +75,6 @@ def test_accept_run_keeps_the_rejected_requests_prefix_and_aborts_it():
     doc = _doc()
     bad = next(t for t in range(VOCAB) if t not in doc)
     req = _req(G.sglang_grammar("regex", VOCAB, doc[:2]), doc[:2])
-    kept = accept_run(GrammarStep(), req, 2, [doc[2], bad])
+    kept = accept_run(make_step(), req, 2, [doc[2], bad])
     assert kept == [doc[2]] and req.grammar.accepted_tokens == doc[:3] and req.grammar.current_token == bad
     assert req.to_finish is not None and "Grammar accept_token failed" in req.to_finish.message

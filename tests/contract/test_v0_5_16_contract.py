@@ -15,6 +15,7 @@ import textwrap
 import types
 
 import pytest
+from sglang_eo_dev.helpers.steps import feed_one
 
 pytestmark = pytest.mark.sglang_0_5_16
 
@@ -223,7 +224,7 @@ def test_accept_grammar_tokens_advances_exactly_once(adapter):
     k = len(doc) // 2
     req = _req("c-once", doc[:k])
     # The barrier (next verify) advanced first ...
-    step.ledger.advance("c-once", req.grammar, k, doc[k:k + 2])
+    feed_one(step.ledger, "c-once", req.grammar, k, doc[k:k + 2])
     assert req.grammar.accepted_tokens == doc[:k + 2]
     # ... post-processing replays: nothing fed twice (a second feed would be rejected by the real matcher or
     # lengthen accepted_tokens), the request goes on.
@@ -261,7 +262,7 @@ def test_apply_prefill_grammar_replays_barrier(adapter):
     step = _step()
     doc = _doc(4)
     req = _req("c-pre")
-    step.ledger.advance("c-pre", req.grammar, 0, [doc[0]])  # barrier at the extend -> decode boundary
+    feed_one(step.ledger, "c-pre", req.grammar, 0, [doc[0]])  # barrier at the extend -> decode boundary
     req.output_ids.append(doc[0])  # post-processing appends before accepting
     _processor()._apply_prefill_grammar(req=req, next_token_id=doc[0])
     assert req.grammar.accepted_tokens == [doc[0]] and req.grammar.finished is False and req.to_finish is None
@@ -388,7 +389,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
     batch = types.SimpleNamespace(reqs=[a, b, c, d, e], forward_mode=ForwardMode.DECODE, has_grammar=False)
     result = verify_result(runs, 4)
     assert band.advance_queued_results(runtime.active(), [(batch, result)]) == 3 + 2 + 1
-    replays = step.stats.counters["replays"]
+    replays = step.telemetry.stats.counters["replays"]
     asked = []
     ask = SchedulerBatchResultProcessor._accept_grammar_tokens  # the hooked method, wrapped to see the loop's asks
     monkeypatch.setattr(SchedulerBatchResultProcessor, "_accept_grammar_tokens",
@@ -400,7 +401,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
     assert c.grammar.accepted_tokens == doc[:m + 1] and d.grammar.accepted_tokens == doc[:k]
     assert [r.kv_committed_len for r in (a, b, c, e)] == [3, 2, 1, 2] and d.kv_committed_len == 0
     assert isinstance(c.to_finish, FINISH_ABORT) and all(r.to_finish is None for r in (a, b, d, e))
-    assert step.stats.counters["replays"] == replays + 3  # nothing fed again: A, B, C answered from the ledger
+    assert step.telemetry.stats.counters["replays"] == replays + 3  # nothing fed again: A, B, C answered from the ledger
     for key in ("r-A", "r-B", "r-C"):
         step.ledger.forget(key)
 

@@ -11,11 +11,13 @@ from typing import Any, Callable, Iterator, List, Optional
 import pytest
 import torch
 
+from sglang_eagle_overlap.core import RowRun
 from sglang_eagle_overlap.core import GrammarStep, MaskRequest
 from sglang_eagle_overlap.core.step import DeviceFaultError, is_device_fault
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import result_runs
 from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.steps import make_step, was_fed
 
 VOCAB = 512
 N = 4
@@ -38,7 +40,7 @@ class RaisingEvent:
 @pytest.fixture
 def step() -> Iterator[GrammarStep]:
     """A step with the grammar thread and the native call (the path whose helper waits on the events)."""
-    s = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
+    s = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native)
     yield s
     s.close()
 
@@ -58,10 +60,10 @@ def start_job(step: GrammarStep, ready: Any, on_done: Optional[Callable[[Any], N
     """A grammar-thread job over two requests (``<rid>0``, ``<rid>1``, on chains of N nodes) whose previous result
     (runs of two tokens of :func:`_docs` ``(2, seed)``) waits on ``ready``; ``on_done`` is told their outcomes."""
     ms = [G.matcher("nested", VOCAB) for _ in range(2)]
-    rows = [(f"{rid}{i}", object(), 0, ms[i], i) for i in range(2)]
+    rows = [RowRun(f"{rid}{i}", object(), ms[i], 0, i) for i in range(2)]
     runs = result_runs([d[:2] for d in _docs(2, seed)], ready=ready)
     job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
-                           barrier=lambda: step.advance_later(rows, runs, on_done))
+                           barrier=lambda: step.feed_later(rows, runs, on_done))
     assert job.future is not None  # the thread's path: the event is waited on there
     return job
 
@@ -93,9 +95,9 @@ def test_a_device_error_of_an_abandoned_step_is_raised_by_the_next_use(step):
     start_job(step, RaisingEvent(RuntimeError("CUDA error: device-side assert triggered")), told.append)
     # the verify raised: no finish_build; the next ledger use settles the job
     with pytest.raises(DeviceFaultError):
-        step.was_advanced("r0", 0)
+        was_fed(step, "r0", 0)
     assert step.ledger.tokens_fed == 0 and step._open is None  # settled: the next use does not raise again
-    assert not step.was_advanced("r0", 0)
+    assert not was_fed(step, "r0", 0)
 
 
 @pytest.mark.parametrize("abandoned", [False, True])
@@ -109,15 +111,15 @@ def test_every_waiting_caller_is_told_when_one_raises_and_the_error_follows(step
         raise KeyError("the host's bookkeeping failed")
 
     def barrier() -> None:
-        step.advance_later([("r0", object(), 0, ms[0], 0)], result_runs([docs[0][:2]]), first)
-        step.advance_later([("r1", object(), 0, ms[1], 0)], result_runs([docs[1][:2]]),
+        step.feed_later([RowRun("r0", object(), ms[0], 0, 0)], result_runs([docs[0][:2]]), first)
+        step.feed_later([RowRun("r1", object(), ms[1], 0, 0)], result_runs([docs[1][:2]]),
                            lambda o: told.append(("second", o)))
 
     job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(2)), vocab_size=VOCAB,
                            barrier=barrier)
     with pytest.raises(KeyError, match="bookkeeping"):
         if abandoned:
-            step.was_advanced("r0", 0)  # settles the job its verify left behind
+            was_fed(step, "r0", 0)  # settles the job its verify left behind
         else:
             step.finish_build(job, device="cpu")
     assert [name for name, _ in told] == ["first", "second"]

@@ -9,7 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import MaskRequest
+
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives, stable_tokens
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.tokenizers import encode, hf_tokenizer

@@ -20,13 +20,14 @@ import time
 import pytest
 import torch
 
-from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest, RowRun
 from sglang_eagle_overlap.core.ledger import ResultRuns
 from sglang_eagle_overlap.core.native import NativeGrammar
 from sglang_eagle_overlap.core.timeline import Timeline
 from sglang_eo_dev.helpers.grammars import doc_tokens, matcher, next_token_bitmask
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.trees import eagle_tree
+from sglang_eo_dev.helpers.steps import make_step
 
 VOCAB = 512
 N = 8
@@ -69,11 +70,11 @@ class World:
         return ResultRuns(self.ids, self.lens, N)
 
     def rows(self, matchers, grammars):
-        return [(rid, grammars[i], len(prefix), matchers[i], i) for i, (rid, prefix, _, _) in enumerate(self.spec)]
+        return [RowRun(rid, grammars[i], matchers[i], len(prefix), i) for i, (rid, prefix, _, _) in enumerate(self.spec)]
 
 
 def _step(thread: bool, **kw) -> GrammarStep:
-    return GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=thread, native=native, **kw)
+    return make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=thread, native=native, **kw)
 
 
 def _run(step: GrammarStep, w: World, ms, threaded: bool, *, between=None, result=None):
@@ -85,7 +86,7 @@ def _run(step: GrammarStep, w: World, ms, threaded: bool, *, between=None, resul
 
     def barrier():
         barrier_threads.append(threading.get_ident())
-        step.advance_later(w.rows(ms, grammars), result, outcomes.append)
+        step.feed_later(w.rows(ms, grammars), result, outcomes.append)
 
     requests = [MaskRequest(matcher=m, request_id=rid) for m, (rid, *_) in zip(ms, w.spec)]
     pending = step.copy_tree(w.nxt, w.sib, w.tok)
@@ -146,8 +147,8 @@ def test_threaded_mask_is_the_inline_mask_the_barrier_on_the_caller_the_native_c
         assert _same_states(m_in, m_th)  # every run fed exactly once on both paths
         assert thread_step.ledger.tokens_fed == inline_step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
         assert thread_step.builder.native_walks == 1
-        s = thread_step.stats
-        assert s.steps == 1 and thread_step.snapshot()["grammar_thread"] is True
+        s = thread_step.telemetry.stats
+        assert s.steps == 1 and thread_step.telemetry.snapshot()["grammar_thread"] is True
         assert s.sched_s > 0 and s.join_wait_s <= s.sched_s
     finally:
         thread_step.close()
@@ -170,7 +171,7 @@ def test_a_batch_below_the_min_batch_runs_inline_with_the_same_mask_and_feeds(bs
         assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
         me = threading.get_ident()
         assert len(calls) == 2 and calls[0] == me and (calls[1] != me) is helper
-        counters = step.stats.counters
+        counters = step.telemetry.stats.counters
         assert counters.get("thread_steps", 0) == int(helper)
         assert counters.get("small_batch_inline_steps", 0) == int(not helper)
     finally:
@@ -221,7 +222,7 @@ def test_post_processing_after_the_join_replays_and_feeds_nothing():
         for i, (rid, prefix, run, _) in enumerate(w.spec):  # the host's post-processing asks again
             out = step.replay(rid, len(prefix), run)
             assert out is not None and out.retained == tuple(run)
-        assert step.ledger.tokens_fed == fed and step.stats.counters["replays"] == len(w.spec)
+        assert step.ledger.tokens_fed == fed and step.telemetry.stats.counters["replays"] == len(w.spec)
         assert all(torch.equal(a[0], b[0]) for a, b in zip(before, _states(ms)))
     finally:
         step.close()
@@ -238,7 +239,7 @@ def test_an_abandoned_job_is_settled_before_the_ledger_is_used_again():
         ms = w.matchers()
         reqs = [MaskRequest(matcher=m) for m in ms]
         step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB,
-                         barrier=lambda: step.advance_later(w.rows(ms, grammars), w.result(), outcomes.append))
+                         barrier=lambda: step.feed_later(w.rows(ms, grammars), w.result(), outcomes.append))
         assert outcomes == [] and step._open is not None  # no finish_build: the verify "raised"
         job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB)
         assert len(outcomes) == 1 and [o.retained for o in outcomes[0]] == [tuple(r) for _, _, r, _ in w.spec]
@@ -281,7 +282,7 @@ def test_a_tree_copy_that_fails_fails_the_step_and_its_queued_runs_are_still_fed
         pending = step.copy_tree(w.nxt, w.sib, w.tok)
         broken.append(pending)
         job = step.start_build(reqs, pending, vocab_size=VOCAB,
-                               barrier=lambda: step.advance_later(w.rows(ms, grammars), w.result(), outcomes.append))
+                               barrier=lambda: step.feed_later(w.rows(ms, grammars), w.result(), outcomes.append))
         with pytest.raises(RuntimeError, match="tree copy failed"):
             step.finish_build(job, device="cpu")
         assert len(outcomes) == 1 and [o.retained for o in outcomes[0]] == [tuple(r) for _, _, r, _ in w.spec]
@@ -356,8 +357,8 @@ def test_without_the_native_call_the_work_runs_inline_at_finish(why):
 
     w = World(8, bs=3)
     kw = {"forced": ForcedDrafts()} if why == "forced drafts" else {}
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True,
-                       native=None if why == "no native module" else native, **kw)
+    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True,
+                     native=None if why == "no native module" else native, **kw)
     order = []
     try:
         ms = w.matchers()
@@ -366,7 +367,7 @@ def test_without_the_native_call_the_work_runs_inline_at_finish(why):
 
         def barrier():
             order.append("barrier")
-            step.advance_later(w.rows(ms, grammars), w.result(), lambda o: order.append("told"))
+            step.feed_later(w.rows(ms, grammars), w.result(), lambda o: order.append("told"))
 
         job = step.start_build(reqs, step.copy_tree(w.nxt, w.sib, w.tok), vocab_size=VOCAB, barrier=barrier)
         assert job.future is None and order == []
@@ -399,7 +400,7 @@ def test_finish_build_reports_what_ran_where(threaded, tmp_path):
         mask, _, _, out = _run(step, w, w.matchers(), threaded=threaded)
     finally:
         step.close()
-    s = step.stats
+    s = step.telemetry.stats
     assert s.steps == 1 and s.mask_timeouts == 0 and s.mask_s > 0 and s.advance_s > 0
     assert s.sched_s > 0 and (s.join_wait_s > 0) is threaded
     if not threaded:
@@ -408,7 +409,7 @@ def test_finish_build_reports_what_ran_where(threaded, tmp_path):
     # the hand-off's latency: only a grammar thread has one; it is part of the tree wait (the helper stamps the end of
     # its device waits after it woke), and the snapshot reports it
     assert (s.handoff_s > 0) is threaded and s.handoff_s <= s.tree_wait_s
-    assert step.snapshot()["handoff_s"] == s.handoff_s
+    assert step.telemetry.snapshot()["handoff_s"] == s.handoff_s
     ((grammar_s, unhidden_s, timeouts, fp, fa),) = exporter.calls
     assert grammar_s > 0 and unhidden_s == 0 and timeouts == 0 and (fp, fa) == (3, 2)
     first, *events = tl.events()
@@ -449,7 +450,7 @@ def test_the_barriers_python_runs_on_the_scheduler_thread_and_the_helper_takes_l
     finally:
         step.close()
     assert job.submit_s >= 0.03 - 1e-3 and start_s >= 0.03 - 1e-3
-    assert job.gil_s < 0.03 and step.stats.helper_gil_s == job.gil_s
+    assert job.gil_s < 0.03 and step.telemetry.stats.helper_gil_s == job.gil_s
 
 
 class _ThreadClocks:
@@ -516,4 +517,4 @@ def test_helper_gil_time_is_the_helpers_cpu_time_outside_its_native_call(monkeyp
     finally:
         step.close()
     assert [j.gil_s for j in jobs] == [0.25, 0.125]
-    assert step.stats.helper_gil_s == 0.375 and step.snapshot()["helper_gil_s"] == 0.375
+    assert step.telemetry.stats.helper_gil_s == 0.375 and step.telemetry.snapshot()["helper_gil_s"] == 0.375

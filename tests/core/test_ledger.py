@@ -15,9 +15,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_eagle_overlap.core import AcceptLedger, LedgerConflictError, LedgerGapError
+from sglang_eagle_overlap.core.ledger import AcceptLedger, LedgerConflictError, LedgerGapError
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
+from sglang_eo_dev.helpers.steps import feed_one
 
 VOCAB = 32000
 
@@ -49,7 +50,7 @@ class Sim:
 
     def advance(self, rid, start, toks):
         r = self.reqs[rid]
-        out = self.ledger.advance(rid, r["grammar"], start, toks)
+        out = feed_one(self.ledger, rid, r["grammar"], start, toks)
         assert out.start == start and out.tokens == tuple(toks)
         return out
 
@@ -175,10 +176,10 @@ def test_replay_returns_recorded_outcome_without_feeding():
     doc = _doc()
     ledger = AcceptLedger()
     m = G.matcher("nested", VOCAB)
-    first = ledger.advance("a", m, 0, doc[:3])
+    first = feed_one(ledger, "a", m, 0, doc[:3])
     fed = ledger.tokens_fed
     snapshot = _fill(m)
-    again = ledger.advance("a", m, 0, doc[:3])
+    again = feed_one(ledger, "a", m, 0, doc[:3])
     assert again is first and ledger.tokens_fed == fed == 3
     assert torch.equal(_fill(m), snapshot)
     assert ledger.outcome("a", 0) is first and ledger.consumed("a") == 3
@@ -189,9 +190,9 @@ def test_identity_keys_not_rows():
     d1, d2 = _doc("nested", 1), _doc("pattern", 2)
     ledger = AcceptLedger()
     m1, m2 = G.matcher("nested", VOCAB), G.matcher("pattern", VOCAB)
-    ledger.advance("x", m1, 0, d1[:2])
-    ledger.advance("y", m2, 0, d2[:2])
-    assert ledger.advance("y", m2, 0, d2[:2]).tokens == tuple(d2[:2])
+    feed_one(ledger, "x", m1, 0, d1[:2])
+    feed_one(ledger, "y", m2, 0, d2[:2])
+    assert feed_one(ledger, "y", m2, 0, d2[:2]).tokens == tuple(d2[:2])
     assert torch.equal(_fill(m1), _fill(G.matcher("nested", VOCAB, d1[:2])))
     assert torch.equal(_fill(m2), _fill(G.matcher("pattern", VOCAB, d2[:2])))
 
@@ -200,15 +201,15 @@ def test_conflict_and_gap_errors():
     doc = _doc()
     ledger = AcceptLedger(history=1)
     m = G.matcher("nested", VOCAB)
-    ledger.advance("a", m, 0, doc[:2])
+    feed_one(ledger, "a", m, 0, doc[:2])
     with pytest.raises(LedgerConflictError, match="position 0"):
-        ledger.advance("a", m, 0, doc[:3])
+        feed_one(ledger, "a", m, 0, doc[:3])
     with pytest.raises(LedgerGapError, match=r"consumed only 2 tokens; tokens 2\.\.4 were never fed$"):
-        ledger.advance("a", m, 5, doc[5:7])
-    ledger.advance("a", m, 2, doc[2:4])
+        feed_one(ledger, "a", m, 5, doc[5:7])
+    feed_one(ledger, "a", m, 2, doc[2:4])
     with pytest.raises(LedgerConflictError,
                        match=r"is behind the matcher \(consumed 4\) and no outcome is remembered for it$"):
-        ledger.advance("a", m, 0, doc[:2])  # history=1 forgot it
+        feed_one(ledger, "a", m, 0, doc[:2])  # history=1 forgot it
     assert torch.equal(_fill(m), _fill(G.matcher("nested", VOCAB, doc[:4])))
     with pytest.raises(ValueError, match="^history must be >= 1, got 0$"):
         AcceptLedger(history=0)
@@ -218,7 +219,7 @@ def test_first_sight_anchors_at_start_and_reset():
     doc = _doc()
     ledger = AcceptLedger()
     m = G.matcher("nested", VOCAB, doc[:5])  # the host fed the first 5 tokens before the plugin saw it
-    out = ledger.advance("a", m, 5, doc[5:8])
+    out = feed_one(ledger, "a", m, 5, doc[5:8])
     assert out.retained == tuple(doc[5:8]) and ledger.consumed("a") == 8
     ledger.reset("a", 3)
     assert ledger.consumed("a") == 3 and ledger.outcome("a", 5) is None
@@ -235,13 +236,13 @@ def test_termination_mid_run_keeps_prefix(use_sglang):
     ledger = AcceptLedger()
     start = len(doc) - 3
     run = doc[-3:] + [17, 18]  # tokens past EOS must not be fed or emitted
-    out = ledger.advance("r", g, start, run)
+    out = feed_one(ledger, "r", g, start, run)
     assert out.terminated and out.error is None
     assert out.retained == tuple(doc[-3:])
     assert ledger.consumed("r") == len(doc) and ledger.tokens_fed == 3
-    assert ledger.advance("r", g, start, run) is out
+    assert feed_one(ledger, "r", g, start, run) is out
     # A terminated grammar retains nothing more.
-    after = ledger.advance("r", g, len(doc), [5])
+    after = feed_one(ledger, "r", g, len(doc), [5])
     assert after.retained == () and after.terminated and ledger.tokens_fed == 3
 
 
@@ -252,10 +253,10 @@ def test_rejected_token_reported(use_sglang):
     m = g.matcher if use_sglang else g
     ledger = AcceptLedger()
     bad = next(t for t in range(1, VOCAB) if not G.matcher("nested", VOCAB, doc[:2]).accept_token(t))
-    out = ledger.advance("r", g, 0, doc[:2] + [bad] + doc[3:5])
+    out = feed_one(ledger, "r", g, 0, doc[:2] + [bad] + doc[3:5])
     assert out.retained == tuple(doc[:2]) and not out.terminated
     assert out.error is not None and str(bad) in out.error and "position 2" in out.error
     assert ledger.consumed("r") == 2
     # The matcher is consistent: exactly the retained tokens, and the right token is accepted next.
     assert torch.equal(_fill(m), _fill(G.matcher("nested", VOCAB, doc[:2])))
-    assert ledger.advance("r", g, 2, doc[2:4]).retained == tuple(doc[2:4])
+    assert feed_one(ledger, "r", g, 2, doc[2:4]).retained == tuple(doc[2:4])

@@ -14,9 +14,13 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from sglang_eagle_overlap.core import AcceptLedger, GrammarStep
-from sglang_eagle_overlap.core.ledger import AdvanceOutcome, LedgerConflictError, LedgerError, LedgerGapError
+from sglang_eagle_overlap.core import Run
+from sglang_eagle_overlap.core import GrammarStep
+
+from sglang_eagle_overlap.core.ledger import AcceptLedger
+from sglang_eagle_overlap.core.ledger import FeedOutcome, LedgerConflictError, LedgerError, LedgerGapError
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.steps import feed_one, make_step
 
 VOCAB = 32000
 
@@ -36,7 +40,7 @@ class Wrapper:
         return bool(self.matcher.is_terminated())
 
 
-def _record(grammar: Wrapper, outcome: AdvanceOutcome) -> None:
+def _record(grammar: Wrapper, outcome: FeedOutcome) -> None:
     grammar.fed.append(outcome.retained)
 
 
@@ -84,8 +88,8 @@ class World:
         return out
 
     def runs(self, batch, twin: int):
-        return [(rid, self.grammars[rid][twin], start, toks,
-                 self.grammars[rid][twin].matcher if self.native[rid] else None) for rid, start, toks in batch]
+        return [Run(rid, self.grammars[rid][twin], self.grammars[rid][twin].matcher if self.native[rid] else None,
+                    start, toks) for rid, start, toks in batch]
 
 
 class Reference:
@@ -143,7 +147,7 @@ def test_advance_many_does_what_the_reference_does_run_by_run(seed):
     kinds = set()
     for _ in range(14):
         batch = world.batch()
-        got = ledger.advance_many(world.runs(batch, 0), _record)
+        got = ledger.feed(world.runs(batch, 0), _record)
         want = [ref.advance(rid, world.grammars[rid][1], start, toks, world.native[rid]) for rid, start, toks in batch]
         assert [_as_reference(g) for g in got] == want
         kinds.update(w.__name__ if isinstance(w, type) else "terminated" if w[2] else "rejected" if w[3] else "fed"
@@ -159,26 +163,26 @@ def test_advance_many_does_what_the_reference_does_run_by_run(seed):
 def test_advance_raises_what_advance_many_returns():
     ledger = AcceptLedger()
     g = G.Recorder()
-    ledger.advance("a", g, 0, [1, 2])
-    gap = ledger.advance_many([("a", g, 5, [3], None), ("a", g, 2, [3], None)])
-    assert isinstance(gap[0], LedgerGapError) and gap[1] == AdvanceOutcome(2, (3,), (3,), False)
+    feed_one(ledger, "a", g, 0, [1, 2])
+    gap = ledger.feed([Run("a", g, None, 5, [3]), Run("a", g, None, 2, [3])])
+    assert isinstance(gap[0], LedgerGapError) and gap[1] == FeedOutcome(2, (3,), (3,), False)
     with pytest.raises(LedgerGapError):
-        ledger.advance("a", g, 9, [4])
+        feed_one(ledger, "a", g, 9, [4])
     with pytest.raises(LedgerConflictError):
-        ledger.advance("a", g, 0, [1, 9])
+        feed_one(ledger, "a", g, 0, [1, 9])
     assert g.fed == [1, 2, 3] and ledger.replays == 0
-    assert ledger.advance("a", g, 0, [1, 2]).retained == (1, 2) and ledger.replays == 1
+    assert feed_one(ledger, "a", g, 0, [1, 2]).retained == (1, 2) and ledger.replays == 1
 
 
 def test_step_advance_many_re_anchors_only_the_run_in_error_and_counts_replays_when_asked():
-    step = GrammarStep()
+    step = make_step()
     a, b, c = G.Recorder(), G.Recorder(), G.Recorder()
-    step.advance_many([("a", a, 0, [1], None), ("b", b, 0, [2], None)])
-    out = step.advance_many([("a", a, 0, [1], None), ("b", b, 4, [3], None), ("c", c, 0, [4, 5], None)])
+    step.feed([Run("a", a, None, 0, [1]), Run("b", b, None, 0, [2])])
+    out = step.feed([Run("a", a, None, 0, [1]), Run("b", b, None, 4, [3]), Run("c", c, None, 0, [4, 5])])
     assert [o.retained for o in out] == [(1,), (3,), (4, 5)]
     assert a.fed == [1] and b.fed == [2, 3] and c.fed == [4, 5]  # a replayed, b re-anchored at 4, c fed
-    assert step.stats.counters["ledger_resets"] == 1
-    assert step.stats.counters.get("replays", 0) == 0  # a barrier's second ask is not a replay
-    step.advance_many([("a", a, 0, [1], None), ("c", c, 0, [4, 5], None), ("c", c, 2, [6], None)],
+    assert step.telemetry.stats.counters["ledger_resets"] == 1
+    assert step.telemetry.stats.counters.get("replays", 0) == 0  # a barrier's second ask is not a replay
+    step.feed([Run("a", a, None, 0, [1]), Run("c", c, None, 0, [4, 5]), Run("c", c, None, 2, [6])],
                       count_replays=True)
-    assert step.stats.counters["replays"] == 2 and c.fed == [4, 5, 6]
+    assert step.telemetry.stats.counters["replays"] == 2 and c.fed == [4, 5, 6]

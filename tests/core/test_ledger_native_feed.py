@@ -9,8 +9,9 @@ import random
 
 import pytest
 
-from sglang_eagle_overlap.core import AcceptLedger
+from sglang_eagle_overlap.core.ledger import AcceptLedger
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.steps import feed_one
 
 VOCAB = 32000
 
@@ -65,8 +66,8 @@ def test_native_feed_has_the_wrapper_paths_outcomes(cut):
     seen = []
     pos = 0
     for run in _runs(doc, cut):
-        want = via_wrapper.advance("r", w, pos, run)
-        got = native.advance("r", object(), pos, run, matcher=m, on_feed=lambda g, o: seen.append(o))
+        want = feed_one(via_wrapper, "r", w, pos, run)
+        got = feed_one(native, "r", object(), pos, run, matcher=m, on_feed=lambda g, o: seen.append(o))
         assert got == want, (pos, run)
         assert seen[-1] is got
         pos += len(got.retained)
@@ -79,14 +80,14 @@ def test_termination_is_checked_once_per_token_and_once_per_fresh_entry():
     m = CountingMatcher(G.matcher("regex", VOCAB))
     grammar = object()
     ledger = AcceptLedger()
-    ledger.advance("r", grammar, 0, doc[:3], matcher=m)
+    feed_one(ledger, "r", grammar, 0, doc[:3], matcher=m)
     assert (m.accepts, m.checks) == (3, 1 + 3)  # first sight: one check before the run
-    ledger.advance("r", grammar, 3, doc[3:5], matcher=m)
+    feed_one(ledger, "r", grammar, 3, doc[3:5], matcher=m)
     assert (m.accepts, m.checks) == (5, 4 + 2)  # the ledger's own last run left it live: no check before
-    ledger.advance("r", grammar, 3, doc[3:5], matcher=m)  # a replay calls nothing
+    feed_one(ledger, "r", grammar, 3, doc[3:5], matcher=m)  # a replay calls nothing
     assert (m.accepts, m.checks) == (5, 6)
     other = object()  # the host rebuilt the grammar object: its state is unknown again
-    ledger.advance("r", other, 5, doc[5:6], matcher=m)
+    feed_one(ledger, "r", other, 5, doc[5:6], matcher=m)
     assert (m.accepts, m.checks) == (6, 6 + 1 + 1)
 
 
@@ -97,13 +98,13 @@ def test_a_rejected_token_stops_the_run_and_the_next_run_checks_again():
     fed = []
     ledger = AcceptLedger()
     bad = 0 if doc[2] != 0 else 1
-    out = ledger.advance("r", grammar, 0, [doc[0], doc[1], bad, doc[2]], matcher=m,
+    out = feed_one(ledger, "r", grammar, 0, [doc[0], doc[1], bad, doc[2]], matcher=m,
                          on_feed=lambda g, o: fed.append((g, o)))
     assert out.retained == (doc[0], doc[1]) and not out.terminated
     assert out.error == f"grammar rejected token {bad} at output position 2"
     assert fed == [(grammar, out)] and ledger.consumed("r") == 2
     checks = m.checks
-    again = ledger.advance("r", grammar, 2, [doc[2]], matcher=m)  # after a rejection the state is re-checked
+    again = feed_one(ledger, "r", grammar, 2, [doc[2]], matcher=m)  # after a rejection the state is re-checked
     assert again.retained == (doc[2],) and m.checks == checks + 2
 
 
@@ -112,7 +113,7 @@ def test_a_grammar_terminated_before_the_run_is_offered_nothing():
     m = CountingMatcher(G.matcher("regex", VOCAB, doc))
     assert m.m.is_terminated()
     fed = []
-    out = AcceptLedger().advance("r", object(), len(doc), [doc[0]], matcher=m, on_feed=lambda g, o: fed.append(o))
+    out = feed_one(AcceptLedger(), "r", object(), len(doc), [doc[0]], matcher=m, on_feed=lambda g, o: fed.append(o))
     assert out.retained == () and out.terminated and out.error is None and m.accepts == 0
     assert fed == [out]
 
@@ -123,17 +124,17 @@ def test_a_matcher_terminated_behind_the_ledgers_back_is_terminated_not_rejected
     doc = _doc()
     raw = G.matcher("regex", VOCAB)
     ledger = AcceptLedger()
-    ledger.advance("r", object(), 0, doc[:2], matcher=raw)
+    feed_one(ledger, "r", object(), 0, doc[:2], matcher=raw)
     for t in doc[2:]:  # fed elsewhere, same positions not reported to the ledger
         assert raw.accept_token(t)
     assert raw.is_terminated()
-    out = ledger.advance("r", object(), 2, [doc[2]], matcher=raw)  # a rebuilt grammar object: checked first anyway
+    out = feed_one(ledger, "r", object(), 2, [doc[2]], matcher=raw)  # a rebuilt grammar object: checked first anyway
     assert out.terminated and out.error is None
     grammar = object()
     ledger2 = AcceptLedger()
     raw2 = G.matcher("regex", VOCAB)
-    ledger2.advance("s", grammar, 0, doc[:2], matcher=raw2)
+    feed_one(ledger2, "s", grammar, 0, doc[:2], matcher=raw2)
     for t in doc[2:]:
         assert raw2.accept_token(t)
-    out2 = ledger2.advance("s", grammar, 2, [doc[2]], matcher=raw2)  # live shortcut taken: the refusal is examined
+    out2 = feed_one(ledger2, "s", grammar, 2, [doc[2]], matcher=raw2)  # live shortcut taken: the refusal is examined
     assert out2.retained == () and out2.terminated and out2.error is None

@@ -13,8 +13,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sglang_eagle_overlap.core import AcceptLedger
-from sglang_eagle_overlap.core.ledger import AdvanceOutcome, LedgerGapError, ResultRuns, native_outcome
+from sglang_eagle_overlap.core import RowRun, Run
+from sglang_eagle_overlap.core.ledger import AcceptLedger
+from sglang_eagle_overlap.core.ledger import FeedOutcome, LedgerGapError, ResultRuns, native_outcome
 from sglang_eagle_overlap.core.native import FED, FEED_ERROR, NOT_FED, REJECTED, TERMINATED, TERMINATED_BEFORE
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import CountingEvent, DeviceTensor, result_runs
@@ -53,17 +54,17 @@ def test_a_matcher_that_raises_in_the_native_feed_gets_its_message_and_a_later_r
     bad = G.matcher("regex", VOCAB)
     good = G.matcher("regex", VOCAB)
     led = AcceptLedger(native=_BadHandles([bad]))  # type: ignore[arg-type]
-    seen: List[AdvanceOutcome] = []
-    out = led.advance_many([("a", object(), 3, doc[3:5], bad), ("g", object(), 0, doc[:2], good),
-                            ("b", object(), 7, doc[7:8], bad)], lambda g, o: seen.append(o))
+    seen: List[FeedOutcome] = []
+    out = led.feed([Run("a", object(), bad, 3, doc[3:5]), Run("g", object(), good, 0, doc[:2]),
+                            Run("b", object(), bad, 7, doc[7:8])], lambda g, o: seen.append(o))
     a, g, b = out
-    assert isinstance(a, AdvanceOutcome) and isinstance(b, AdvanceOutcome)
+    assert isinstance(a, FeedOutcome) and isinstance(b, FeedOutcome)
     assert (a.start, a.tokens, a.retained, a.terminated) == (3, tuple(doc[3:5]), (), False)
     assert a.error is not None and a.error.startswith(f"grammar raised at token {doc[3]} at output position 3: ")
     assert "Mismatched type" in a.error and "CompiledGrammar" in a.error  # the native call's own message
     assert (b.start, b.tokens, b.retained, b.terminated) == (7, (doc[7],), (), False)
     assert b.error == "not fed: an earlier run of the same matcher raised"
-    assert g == AdvanceOutcome(0, tuple(doc[:2]), tuple(doc[:2]), False, None)
+    assert g == FeedOutcome(0, tuple(doc[:2]), tuple(doc[:2]), False, None)
     assert seen == [a, g, b] and led.consumed("a") == 3 and led.consumed("b") == 7 and led.consumed("g") == 2
 
 
@@ -79,7 +80,7 @@ def test_each_native_state_maps_to_the_outcome_of_the_python_feed(state, kept, w
     """``native_outcome`` of the run (5, 6, 7) at output position 10: retained prefix, termination and error message
     per state, as ``_feed_matcher`` words them for the same matcher calls."""
     got = native_outcome(10, (5, 6, 7), kept, state, "boom")
-    assert got == AdvanceOutcome(10, (5, 6, 7), *want)
+    assert got == FeedOutcome(10, (5, 6, 7), *want)
 
 
 def test_two_runs_of_one_request_in_one_add_rows_call_are_fed_in_order_and_the_rows_after_them_still_queue():
@@ -92,11 +93,11 @@ def test_two_runs_of_one_request_in_one_add_rows_call_are_fed_in_order_and_the_r
     m_py = {k: G.matcher("regex", VOCAB) for k in "xyz"}
     m_cx = {k: G.matcher("regex", VOCAB) for k in "xyz"}
     grammars = {k: object() for k in "xyz"}
-    want = AcceptLedger().advance_many([(k, grammars[k], s, r, m_py[k]) for k, s, r in zip(keys, starts, runs)])
+    want = AcceptLedger().feed([Run(k, grammars[k], m_py[k], s, r) for k, s, r in zip(keys, starts, runs)])
     led = AcceptLedger(native=native())
     plan = led.plan()
     result = result_runs(runs)
-    plan.add_rows([(k, grammars[k], s, m_cx[k], row) for row, (k, s) in enumerate(zip(keys, starts))], result)
+    plan.add_rows([RowRun(k, grammars[k], m_cx[k], s, row) for row, (k, s) in enumerate(zip(keys, starts))], result)
     # x's first run was fed when its second came; the second (tokens packed), y and z wait
     assert len(plan) == 3 and plan.sources() == [result]
     plan.feed()
@@ -116,9 +117,9 @@ def test_a_request_in_two_results_of_one_plan_leaves_the_rows_after_it_queued_an
     grammars = {k: object() for k in "xyz"}
     first = [("x", 0, docs[0][:2]), ("y", 0, docs[1][:1])]
     second = [("x", 2, docs[0][2:3]), ("z", 0, docs[2][:2]), ("y", 1, docs[1][1:3])]
-    want = AcceptLedger().advance_many([(k, grammars[k], s, r, m_py[k]) for k, s, r in first + second])
+    want = AcceptLedger().feed([Run(k, grammars[k], m_py[k], s, r) for k, s, r in first + second])
     plan = AcceptLedger(native=native()).plan()
-    slots = [plan.add_rows([(k, grammars[k], s, m_cx[k], row) for row, (k, s, _) in enumerate(part)],
+    slots = [plan.add_rows([RowRun(k, grammars[k], m_cx[k], s, row) for row, (k, s, _) in enumerate(part)],
                            result_runs([r for _, _, r in part])) for part in (first, second)]
     assert slots == [range(0, 2), range(2, 5)]
     plan.feed()
@@ -145,14 +146,14 @@ def test_rows_fed_in_python_report_through_on_feed_and_slots_and_sources_span_se
     seen: List[Any] = []
     on_feed = lambda g, o: seen.append((g, o))  # noqa: E731
     host = result_runs([docs[0][:2], docs[1][:1], docs[3][:3]])
-    first = plan.add_rows([("a", grammars[0], 0, plain[0], 0), ("b", grammars[1], 0, plain[1], 1),
-                           ("d", grammars[3], 0, sub, 2)], host, on_feed)
+    first = plan.add_rows([RowRun("a", grammars[0], plain[0], 0, 0), RowRun("b", grammars[1], plain[1], 0, 1),
+                           RowRun("d", grammars[3], sub, 0, 2)], host, on_feed)
     assert first == range(0, 3) and len(plan) == 2 and plan.sources() == [host]
     assert [g for g, _ in seen] == [grammars[3]] and seen[0][1].retained == tuple(docs[3][:3])
 
     off_host = ResultRuns(DeviceTensor(docs[2][:2] + [0] * 4), DeviceTensor([2]), 6)
     assert not off_host.on_host
-    second = plan.add_rows([("c", grammars[2], 0, plain[2], 0)], off_host, on_feed)
+    second = plan.add_rows([RowRun("c", grammars[2], plain[2], 0, 0)], off_host, on_feed)
     assert second == range(3, 4) and plan.sources() == [host]
     assert [g for g, _ in seen] == [grammars[3]]  # c waits too: its tokens were read at once and packed
     plan.feed()
@@ -166,8 +167,8 @@ def test_a_result_read_by_two_calls_is_a_source_once():
     docs = [_doc(s) for s in (16, 17)]
     result = result_runs([docs[0][:2], docs[1][:3]])
     plan = AcceptLedger(native=native()).plan()
-    plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], result)
-    plan.add_rows([("b", object(), 0, G.matcher("regex", VOCAB), 1)], result)
+    plan.add_rows([RowRun("a", object(), G.matcher("regex", VOCAB), 0, 0)], result)
+    plan.add_rows([RowRun("b", object(), G.matcher("regex", VOCAB), 0, 1)], result)
     assert plan.sources() == [result] and len(plan.pending()[2]) == 1
     plan.feed()
     assert [o.retained for o in plan.out] == [tuple(docs[0][:2]), tuple(docs[1][:3])]
@@ -179,8 +180,8 @@ def test_rows_of_a_plan_without_the_native_module_are_fed_at_once_with_their_gra
     led = AcceptLedger()
     plan = led.plan()
     seen: List[Any] = []
-    slots = plan.add_rows([("a", grammars[0], 0, G.matcher("regex", VOCAB), 0),
-                           ("b", grammars[1], 0, G.matcher("regex", VOCAB), 1)],
+    slots = plan.add_rows([RowRun("a", grammars[0], G.matcher("regex", VOCAB), 0, 0),
+                           RowRun("b", grammars[1], G.matcher("regex", VOCAB), 0, 1)],
                           result_runs([docs[0][:2], docs[1][:3]]), lambda g, o: seen.append((g, o.retained)))
     assert slots == range(0, 2) and len(plan) == 0
     assert seen == [(grammars[0], tuple(docs[0][:2])), (grammars[1], tuple(docs[1][:3]))]
@@ -194,7 +195,7 @@ def test_the_host_copy_is_waited_for_before_tokens_are_read_in_python_or_by_the_
     assert res.run(0) == tuple(doc[:2]) and ev.waits == 1  # read once
     ev2 = CountingEvent()
     plan = AcceptLedger(native=native()).plan()
-    plan.add_rows([("a", object(), 0, G.matcher("regex", VOCAB), 0)], result_runs([doc[:2]], ready=ev2))
+    plan.add_rows([RowRun("a", object(), G.matcher("regex", VOCAB), 0, 0)], result_runs([doc[:2]], ready=ev2))
     assert ev2.waits == 0 and len(plan) == 1  # queued without reading its tokens
     plan.feed()
     assert ev2.waits >= 1 and plan.out[0].retained == tuple(doc[:2])
@@ -219,17 +220,15 @@ def test_fill_refuses_outcomes_that_do_not_match_the_waiting_runs_and_a_gap_name
     doc = _doc(12)
     led = AcceptLedger(native=native())
     plan = led.plan()
-    plan.add([("a", object(), 0, doc[:2], G.matcher("regex", VOCAB)), ("b", object(), 0, doc[:1],
-                                                                       G.matcher("regex", VOCAB))])
+    plan.add([Run("a", object(), G.matcher("regex", VOCAB), 0, doc[:2]), Run("b", object(), G.matcher("regex", VOCAB), 0, doc[:1])])
     with pytest.raises(ValueError, match=r"^1 feed outcomes for 2 waiting runs$"):
         plan.fill([2, FED], {}, [2, 1], doc[:3])
     plan = led.plan()
-    plan.add([("c", object(), 0, doc[:2], G.matcher("regex", VOCAB)), ("d", object(), 0, doc[:1],
-                                                                       G.matcher("regex", VOCAB))])
+    plan.add([Run("c", object(), G.matcher("regex", VOCAB), 0, doc[:2]), Run("d", object(), G.matcher("regex", VOCAB), 0, doc[:1])])
     with pytest.raises(ValueError, match=r"^1 run lengths for 2 waiting runs$"):  # the native call's own reading
         plan.fill([2, FED, 1, FED], {}, [2], doc[:2])
     g, m = object(), G.matcher("regex", VOCAB)
-    gap = led.advance_many([("r9", g, 0, doc[:1], m), ("r9", g, 4, doc[4:5], m)])[1]
+    gap = led.feed([Run("r9", g, m, 0, doc[:1]), Run("r9", g, m, 4, doc[4:5])])[1]
     assert isinstance(gap, LedgerGapError) and "'r9'" in str(gap)
 
 
@@ -244,10 +243,10 @@ def test_runs_fed_whole_by_the_native_call_are_booked_as_the_ledger_books_them()
     g, m = object(), G.matcher("regex", VOCAB)
     for k in range(3):  # runs of two tokens at 0, 2 and 4, each queued by row of a result
         plan = led.plan()
-        plan.add_rows([("a", g, 2 * k, m, 0)], result_runs([doc[2 * k : 2 * k + 2]]))
+        plan.add_rows([RowRun("a", g, m, 2 * k, 0)], result_runs([doc[2 * k : 2 * k + 2]]))
         assert plan.pending()[1][0] == (1 if k else 0)  # unknown before the first run, live after each
         plan.feed()
-        assert plan.out[0] == AdvanceOutcome(2 * k, tuple(doc[2 * k : 2 * k + 2]), tuple(doc[2 * k : 2 * k + 2]),
+        assert plan.out[0] == FeedOutcome(2 * k, tuple(doc[2 * k : 2 * k + 2]), tuple(doc[2 * k : 2 * k + 2]),
                                              False, None)
     assert led.consumed("a") == 6 and led.tokens_fed == 6
     assert led.outcome("a", 0) is None  # history=2: the run at 0 is forgotten
@@ -264,17 +263,17 @@ def test_a_run_booked_by_the_native_call_is_a_replay_when_asked_again_at_its_sta
     fed: List[Any] = []
     on_feed = lambda grammar, outcome: fed.append(outcome)  # noqa: E731
     plan = led.plan()
-    plan.add_rows([("a", g, 0, m, 0)], result_runs([doc[:2]]), on_feed)
+    plan.add_rows([RowRun("a", g, m, 0, 0)], result_runs([doc[:2]]), on_feed)
     plan.feed()
     empty = ResultRuns(torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int32), 2)  # a row of no token
     plan = led.plan()
-    plan.add_rows([("a", g, 2, m, 0)], empty, on_feed)
+    plan.add_rows([RowRun("a", g, m, 2, 0)], empty, on_feed)
     assert len(plan) == 1  # fresh: queued for the native call
     plan.feed()
-    assert plan.out[0] == AdvanceOutcome(2, (), (), False, None) and led.consumed("a") == 2
+    assert plan.out[0] == FeedOutcome(2, (), (), False, None) and led.consumed("a") == 2
     replays = led.replays
     plan = led.plan()
-    plan.add_rows([("a", g, 2, m, 0)], empty, on_feed)
+    plan.add_rows([RowRun("a", g, m, 2, 0)], empty, on_feed)
     assert len(plan) == 0 and led.replays == replays + 1  # answered from the history, not queued again
     plan.feed()
-    assert plan.out[0] == AdvanceOutcome(2, (), (), False, None) and len(fed) == 2 and led.tokens_fed == 2
+    assert plan.out[0] == FeedOutcome(2, (), (), False, None) and len(fed) == 2 and led.tokens_fed == 2

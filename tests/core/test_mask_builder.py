@@ -17,7 +17,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder, bitmask_width
+from sglang_eagle_overlap.core import MaskRequest
+
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.clocks import FakeTime

@@ -30,7 +30,7 @@ import torch
 import xgrammar as xgr
 
 from sglang_eagle_overlap.integration.requests import mask_request_for
-from sglang_eagle_overlap.core import TreeMaskBuilder, neutralize_timed_out_drafts
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder, neutralize_timed_out_drafts
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID

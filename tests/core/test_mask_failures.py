@@ -21,7 +21,9 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sglang_eagle_overlap.core import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import MaskRequest
+
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eo_dev.helpers import grammars as G
 

@@ -14,13 +14,19 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import RowRun, Run
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+
+from sglang_eagle_overlap.core.ledger import AcceptLedger
+
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core.native import NativeUnavailable, build_native, load_native
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import DeviceTensor, result_runs
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
 from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
+from sglang_eo_dev.helpers.steps import feed_one, make_step
 
 VOCAB = 32000
 
@@ -77,16 +83,17 @@ def test_batched_feed_matches_the_python_feed_run_by_run(seed):
             if rng.random() < 0.2:
                 continue  # not in this batch
             run = _run_for(rng, doc, pos[i])
-            runs_py.append((f"r{i}", grammars[i], pos[i], run, m_py[i]))
-            runs_cx.append((f"r{i}", grammars[i], pos[i], run, m_cx[i]))
+            runs_py.append(Run(f"r{i}", grammars[i], m_py[i], pos[i], run))
+            runs_cx.append(Run(f"r{i}", grammars[i], m_cx[i], pos[i], run))
         if step % 3 == 2 and runs_py:  # the same runs asked again: replays
             runs_py += runs_py[:3]
             runs_cx += runs_cx[:3]
-        got_py = py.advance_many(runs_py, lambda g, o: fed_py.append((id(g), o)))
-        got_cx = cx.advance_many(runs_cx, lambda g, o: fed_cx.append((id(g), o)))
+        got_py = py.feed(runs_py, lambda g, o: fed_py.append((id(g), o)))
+        got_cx = cx.feed(runs_cx, lambda g, o: fed_cx.append((id(g), o)))
         assert _norm(got_cx) == _norm(got_py), f"step {step}"
         assert sorted(fed_cx, key=repr) == sorted(fed_py, key=repr), f"step {step}"
-        for (key, _, start, _, _), out in zip(runs_py, got_py):
+        for run, out in zip(runs_py, got_py):
+            key, start = run.key, run.start
             i = int(key[1:])
             if not isinstance(out, Exception) and out.start == start == pos[i]:
                 pos[i] = start + len(out.retained)
@@ -102,8 +109,8 @@ def test_a_second_run_of_a_request_in_one_call_is_fed_after_the_first():
     doc = list(G.doc_tokens("regex", random.Random(3), VOCAB))
     m_py, m_cx = G.matcher("regex", VOCAB), G.matcher("regex", VOCAB)
     g = object()
-    want = AcceptLedger().advance_many([("r", g, 0, doc[:2], m_py), ("r", g, 2, doc[2:5], m_py)])
-    got = AcceptLedger(native=native()).advance_many([("r", g, 0, doc[:2], m_cx), ("r", g, 2, doc[2:5], m_cx)])
+    want = AcceptLedger().feed([Run("r", g, m_py, 0, doc[:2]), Run("r", g, m_py, 2, doc[2:5])])
+    got = AcceptLedger(native=native()).feed([Run("r", g, m_cx, 0, doc[:2]), Run("r", g, m_cx, 2, doc[2:5])])
     assert got == want and [len(o.retained) for o in got] == [2, 3]
     assert torch.equal(_state(m_cx), _state(m_py))
 
@@ -113,8 +120,8 @@ def test_a_gap_or_conflict_in_a_batch_changes_nothing_else():
     led = AcceptLedger(native=native())
     a, b = G.matcher("regex", VOCAB), G.matcher("regex", VOCAB)
     ga, gb = object(), object()
-    led.advance_many([("a", ga, 0, doc[:2], a), ("b", gb, 0, doc[:1], b)])
-    out = led.advance_many([("a", ga, 5, doc[5:6], a), ("b", gb, 1, doc[1:3], b), ("a", ga, 0, doc[1:3], a)])
+    led.feed([Run("a", ga, a, 0, doc[:2]), Run("b", gb, b, 0, doc[:1])])
+    out = led.feed([Run("a", ga, a, 5, doc[5:6]), Run("b", gb, b, 1, doc[1:3]), Run("a", ga, a, 0, doc[1:3])])
     assert type(out[0]).__name__ == "LedgerGapError" and type(out[2]).__name__ == "LedgerConflictError"
     assert out[1].retained == tuple(doc[1:3]) and led.consumed("a") == 2 and led.consumed("b") == 3
 
@@ -133,7 +140,7 @@ def test_a_matcher_subclass_is_fed_and_walked_in_python():
     doc = list(G.doc_tokens("regex", random.Random(5), VOCAB))
     m = G.matcher("regex", VOCAB, cls=CountingSubclass)
     CountingSubclass.calls = 0
-    out = AcceptLedger(native=native()).advance("r", object(), 0, doc[:3], matcher=m)
+    out = feed_one(AcceptLedger(native=native()), "r", object(), 0, doc[:3], matcher=m)
     assert out.retained == tuple(doc[:3]) and CountingSubclass.calls == 3
     assert native().handles([m]) is None and native().handles([G.matcher("regex", VOCAB)]) is not None
     tree = eagle_tree(random.Random(1), 4, 3, 8, doc[3:6], VOCAB, matcher=m)
@@ -243,12 +250,12 @@ def test_grammar_step_loads_the_module_at_its_first_build_and_shares_it():
         calls.append(1)
         return native()
 
-    step = GrammarStep(native=loader)
-    assert calls == [] and step.native is None and step.snapshot()["native"] is False
+    step = make_step(native=loader)
+    assert calls == [] and step.native is None and step.telemetry.snapshot()["native"] is False
     builder = step.builder
     assert calls == [1] and builder.native is step.native is step.ledger.native is native()
-    assert step.builder is builder and calls == [1] and step.snapshot()["native"] is True
-    assert GrammarStep().builder.native is None
+    assert step.builder is builder and calls == [1] and step.telemetry.snapshot()["native"] is True
+    assert make_step().builder.native is None
 
 
 def test_load_native_checks_the_matcher_type(tmp_path):
@@ -267,11 +274,11 @@ def test_a_matcher_terminated_behind_the_ledgers_back_is_terminated_not_rejected
     for ledger in (AcceptLedger(), AcceptLedger(native=native())):
         raw = G.matcher("regex", VOCAB)
         grammar = object()
-        ledger.advance("r", grammar, 0, doc[:2], matcher=raw)
+        feed_one(ledger, "r", grammar, 0, doc[:2], matcher=raw)
         for t in doc[2:]:
             assert raw.accept_token(t)
         assert raw.is_terminated()
-        outs.append(ledger.advance("r", grammar if live else object(), 2, [doc[2]], matcher=raw))
+        outs.append(feed_one(ledger, "r", grammar if live else object(), 2, [doc[2]], matcher=raw))
     assert outs[1] == outs[0] and outs[1].terminated and outs[1].error is None and outs[1].retained == ()
 
 
@@ -452,13 +459,13 @@ def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed, layout):
                 grammars[i] = object()  # the host rebuilt the grammar: re-anchored at start
             rows.append((i, start, run[:1] if layout == "prefill" else run))
         fed_py, fed_cx = [], []
-        got_py = py.advance_many([(f"r{i}", grammars[i], start, run, m_py[i]) for i, start, run in rows],
+        got_py = py.feed([Run(f"r{i}", grammars[i], m_py[i], start, run) for i, start, run in rows],
                                  lambda g, o: fed_py.append((id(g), o)))
         plan = cx.plan()
         parts = [rows[: len(rows) // 2], rows[len(rows) // 2 :]] if layout == "two-results" else [rows]
         first = len(plan.out)
         for part in parts:
-            plan.add_rows([(f"r{i}", grammars[i], start, m_cx[i], r) for r, (i, start, _) in enumerate(part)],
+            plan.add_rows([RowRun(f"r{i}", grammars[i], m_cx[i], start, r) for r, (i, start, _) in enumerate(part)],
                           result_runs([run for _, _, run in part], prefill=layout == "prefill"), lambda g, o: fed_cx.append((id(g), o)))
         queued_total += len(plan)
         plan.feed()
@@ -489,10 +496,10 @@ def test_a_result_not_on_the_host_is_read_at_once_never_by_the_native_call():
     result = ResultRuns(DeviceTensor(ids), DeviceTensor([len(r) for r in runs]), 4)
     assert not result.on_host and ResultRuns(torch.zeros(4, dtype=torch.int64), None, 1).on_host
     plan = cx.plan()
-    plan.add_rows([(f"r{i}", grammars[i], pos[i], m_cx[i], i) for i in range(len(runs))], result)
+    plan.add_rows([RowRun(f"r{i}", grammars[i], m_cx[i], pos[i], i) for i in range(len(runs))], result)
     _, packed, results = plan.pending()
     assert results == [] and len(plan) == len(runs) and packed[1] == -1  # packed with their tokens
     plan.feed()
-    want = py.advance_many([(f"r{i}", grammars[i], pos[i], runs[i], m_py[i]) for i in range(len(runs))])
+    want = py.feed([Run(f"r{i}", grammars[i], m_py[i], pos[i], runs[i]) for i in range(len(runs))])
     assert _norm(plan.out) == _norm(want)
     assert all(torch.equal(_state(a), _state(b)) for a, b in zip(m_py, m_cx))

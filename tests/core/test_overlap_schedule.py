@@ -49,11 +49,17 @@ import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core import RowRun, Run
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+
+from sglang_eagle_overlap.core.ledger import AcceptLedger
+
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core.ledger import ResultRuns
 from sglang_eo_dev.helpers.grammars import next_token_bitmask
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.trees import Tree, eagle_tree, stack_trees
+from sglang_eo_dev.helpers.steps import feed_one, make_step
 
 LONG = os.environ.get("SGLANG_EO_LONG") == "1"
 SCHEDULES = {"lockstep": 10_000, "native": 1_000, "python": 1_000, "step": 2_000} if LONG else {
@@ -263,13 +269,13 @@ def run_schedule(compiled, p: Params, builder: Optional[TreeMaskBuilder], ev: Co
                 ids[i * stride : i * stride + len(toks)] = torch.tensor(toks, dtype=torch.int64)
                 lens[i] = len(toks)
                 if r.constrained and live(r, epoch) and toks:
-                    queued.append((r.rid, r.plugin, r.pos, r.plugin.m, i))
+                    queued.append(RowRun(r.rid, r.plugin, r.plugin.m, r.pos, i))
                     barriered.add((r.rid, r.pos))
-            gstep.advance_later(queued, ResultRuns(ids, lens, stride), lambda outcomes: None, _record_fed)
+            gstep.feed_later(queued, ResultRuns(ids, lens, stride), lambda outcomes: None, _record_fed)
             return
         for r, epoch, toks in rows:
             if r.constrained and live(r, epoch) and toks:
-                ledger.advance(r.rid, r.plugin, r.pos, toks)
+                feed_one(ledger, r.rid, r.plugin, r.pos, toks)
                 barriered.add((r.rid, r.pos))
 
     def finish(r: Req, kind: str) -> None:
@@ -288,10 +294,10 @@ def run_schedule(compiled, p: Params, builder: Optional[TreeMaskBuilder], ev: Co
             if r.constrained:
                 fed = ledger.tokens_fed
                 if gstep is None:
-                    outcome = ledger.advance(r.rid, r.plugin, r.pos, toks)
+                    outcome = feed_one(ledger, r.rid, r.plugin, r.pos, toks)
                 else:
-                    (outcome,) = gstep.advance_many([(r.rid, r.plugin, r.pos, toks, r.plugin.m)], _record_fed,
-                                                   count_replays=True)
+                    (outcome,) = gstep.feed([Run(r.rid, r.plugin, r.plugin.m, r.pos, toks)], _record_fed,
+                                            count_replays=True)
                 ref_kept: List[int] = []
                 for t in toks:
                     if r.ref.is_terminated():
@@ -462,7 +468,7 @@ def test_the_plugins_step_equals_synchronous(compiled, thread):
     """The same schedules through ``GrammarStep`` as the bands drive it: the barrier's runs queued by row and fed by
     the build's one native call (on the grammar thread, or inline), post-processing answered from the ledger. Every
     accepted token reaches its matcher exactly once through finishes, aborts, retractions and filtering."""
-    step = GrammarStep(mask_threads=2, mask_time_limit_s=None, grammar_thread=thread, native=native)
+    step = make_step(mask_threads=2, mask_time_limit_s=None, grammar_thread=thread, native=native)
     step.builder.parallel_min_requests = 2  # spread even these small batches over the module's helper threads
     try:
         ev = _check_schedules(compiled, f"step thread={thread}", SCHEDULES["step"],
@@ -470,7 +476,7 @@ def test_the_plugins_step_equals_synchronous(compiled, thread):
     finally:
         step.close()
     assert (ev["thread_jobs"] > 0) is thread  # the grammar thread took the native calls (or, inline, none)
-    assert step.builder.native_walks > 0 and step.stats.counters["replays"] > 0
+    assert step.builder.native_walks > 0 and step.telemetry.stats.counters["replays"] > 0
 
 
 @pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from sglang_eagle_overlap.core import MaskRequest
 from sglang_eagle_overlap.core.stats import distributed_rank, rank_stats_path
 from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eo_dev.helpers.steps import make_step
 
 
 def test_single_rank_keeps_the_path():
@@ -44,8 +45,8 @@ def test_without_a_process_group_the_step_writes_the_plain_path(tmp_path):
     assert not dist.is_initialized()
     assert distributed_rank() is None
     path = tmp_path / "stats.json"
-    step = GrammarStep(stats_file=str(path))
-    step.write_stats()
+    step = make_step(stats_file=str(path))
+    step.telemetry.write_stats()
     snap = json.loads(path.read_text())
     assert snap["rank"] is None and snap["world_size"] is None and snap["pid"] == os.getpid()
     assert list(tmp_path.iterdir()) == [path]
@@ -80,7 +81,7 @@ class _Chain:
 
 def _slow_step(stats: str) -> tuple[GrammarStep, torch.Tensor]:
     """One verify step whose only request's mask build exceeds the 10 ms limit at its root row."""
-    step = GrammarStep(stats_file=stats, mask_time_limit_s=0.01, mask_threads=1)
+    step = make_step(stats_file=stats, mask_time_limit_s=0.01, mask_threads=1)
     drafts = torch.tensor([0, 5, 6, 7])
     step.build_mask([MaskRequest(grammar=_SlowGrammar(0.03), request_id="slow")], _Chain(), vocab_size=64,
                     device="cpu", draft_device=drafts)
@@ -89,20 +90,20 @@ def _slow_step(stats: str) -> tuple[GrammarStep, torch.Tensor]:
 
 def test_a_single_process_applies_the_mask_time_limit(tmp_path):
     step, drafts = _slow_step(str(tmp_path / "stats.json"))
-    assert step.stats.mask_timeouts == 1
+    assert step.telemetry.stats.mask_timeouts == 1
     assert drafts.tolist() == [0, -1, -1, -1]  # its drafts dropped for this step
 
 
 def _rank_main(rank: int, world: int, init_file: str, stats: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        step = GrammarStep(stats_file=stats)
-        step.stats.count("barrier_runs", rank + 1)  # a per-rank value, to see whose file is whose
-        step.write_stats()
+        step = make_step(stats_file=stats)
+        step.telemetry.stats.count("barrier_runs", rank + 1)  # a per-rank value, to see whose file is whose
+        step.telemetry.write_stats()
         if rank == 1:  # only rank 1 is slow: it must still build the exact mask and keep its drafts
             slow, drafts = _slow_step(stats)
-            slow.stats.count("barrier_runs", 100 + int(drafts.tolist() == [0, 5, 6, 7]))
-            slow.write_stats()
+            slow.telemetry.stats.count("barrier_runs", 100 + int(drafts.tolist() == [0, 5, 6, 7]))
+            slow.telemetry.write_stats()
         dist.barrier()
     finally:
         dist.destroy_process_group()

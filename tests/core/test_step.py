@@ -23,13 +23,17 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 
-from sglang_eagle_overlap.core import MaskRequest, PendingTree, TreeMaskBuilder
+from sglang_eagle_overlap.core import MaskRequest, PendingTree
+
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core import step as step_mod
+from sglang_eagle_overlap.core import telemetry as telemetry_mod
 from sglang_eagle_overlap.core import timeline as T
 from sglang_eagle_overlap.core.step import GrammarStep, StepMask
 from sglang_eagle_overlap.settings import Settings, default_mask_threads
 from sglang_eo_dev.helpers import grammars as G
 from tests.core.test_mask_failures import N, VOCAB, BrokenGrammar, _setup
+from sglang_eo_dev.helpers.steps import feed_one, make_step
 
 CPU = torch.device("cpu")
 
@@ -51,6 +55,7 @@ class Clock:
 def clock(monkeypatch) -> Clock:
     c = Clock()
     monkeypatch.setattr(step_mod, "time", c)
+    monkeypatch.setattr(telemetry_mod, "time", c)
     return c
 
 
@@ -118,29 +123,29 @@ def _reference_mask() -> torch.Tensor:
 
 # -- construction ----------------------------------------------------------------------------------------------------
 def test_builder_is_made_once_from_the_step_settings():
-    step = GrammarStep(mask_threads=3, mask_time_limit_s=0.25, pin_memory=False)
+    step = make_step(mask_threads=3, mask_time_limit_s=0.25, pin_memory=False)
     b = step.builder
     assert b is step.builder
     assert (b.threads, b.time_limit_s, b.pin_memory) == (3, 0.25, False)
-    assert GrammarStep(pin_memory=True).builder.pin_memory is True  # an explicit choice wins over the detection
+    assert make_step(pin_memory=True).builder.pin_memory is True  # an explicit choice wins over the detection
 
 
 def test_defaults_follow_the_documented_settings():
-    step = GrammarStep()
+    step = make_step()
     defaults = Settings()
     assert step.builder.time_limit_s == defaults.mask_time_limit_s
-    assert step.log_interval_s == defaults.log_interval_s
+    assert step.telemetry.log_interval_s == defaults.log_interval_s
     assert step.builder.threads == default_mask_threads()
     # Pinned host memory only where a device runtime can pin it.
     assert step.builder.pin_memory is bool(torch.cuda.is_available())
-    assert not step.timeline.enabled and step.stats_file is None
+    assert not step.telemetry.timeline.enabled and step.telemetry.stats_file is None
 
 
 # -- 1. tree copy ----------------------------------------------------------------------------------------------------
 def test_copy_tree_stamps_the_launch_and_hands_back_the_tree(tmp_path):
     probe = Probe()
     tl = T.Timeline(str(tmp_path / "tl.json"))
-    step = GrammarStep(probe=probe, timeline=tl)
+    step = make_step(probe=probe, timeline=tl)
     _, nxt, sib, tok = _batch()
     pending = step.copy_tree(nxt, sib, tok.reshape(-1))
     assert isinstance(pending, PendingTree)
@@ -152,51 +157,51 @@ def test_copy_tree_stamps_the_launch_and_hands_back_the_tree(tmp_path):
 
 # -- 2./4. the exactly-once advance ----------------------------------------------------------------------------------
 def test_advance_is_the_ledger_advance():
-    step = GrammarStep()
+    step = make_step()
     g = G.Recorder()
-    out = step.advance("r", g, 0, [1, 2])
+    out = feed_one(step, "r", g, 0, [1, 2])
     assert out.retained == (1, 2) and g.fed == [1, 2]
-    assert step.advance("r", g, 0, [1, 2]) is out and g.fed == [1, 2]  # a replay feeds nothing
-    assert step.ledger.consumed("r") == 2 and step.stats.counters["ledger_resets"] == 0
+    assert feed_one(step, "r", g, 0, [1, 2]) is out and g.fed == [1, 2]  # a replay feeds nothing
+    assert step.ledger.consumed("r") == 2 and step.telemetry.stats.counters["ledger_resets"] == 0
 
 
 def test_advance_reanchors_on_a_gap_instead_of_raising(caplog):
-    step = GrammarStep()
+    step = make_step()
     g = G.Recorder()
-    step.advance("req-7", g, 0, [1, 2])
+    feed_one(step, "req-7", g, 0, [1, 2])
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
-        out = step.advance("req-7", g, 5, [9])  # the host moved the matcher to 5 behind the ledger's back
+        out = feed_one(step, "req-7", g, 5, [9])  # the host moved the matcher to 5 behind the ledger's back
     assert out.retained == (9,) and out.start == 5 and g.fed == [1, 2, 9]
     assert step.ledger.consumed("req-7") == 6
-    assert step.stats.counters["ledger_resets"] == 1
+    assert step.telemetry.stats.counters["ledger_resets"] == 1
     msg = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(msg) == 1 and "never fed" in msg[0]
     assert msg[0].startswith("sglang-eagle-overlap: re-anchoring grammar ledger of request req-7 at position 5: ")
 
 
 def test_advance_reanchors_on_a_conflict_instead_of_raising(caplog):
-    step = GrammarStep()
+    step = make_step()
     g = G.Recorder()
-    step.advance("r", g, 0, [1, 2])
+    feed_one(step, "r", g, 0, [1, 2])
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
-        out = step.advance("r", g, 0, [4])  # the same position asked with other tokens: the host rolled back
+        out = feed_one(step, "r", g, 0, [4])  # the same position asked with other tokens: the host rolled back
     assert out.retained == (4,) and g.fed == [1, 2, 4]
-    assert step.ledger.consumed("r") == 1 and step.stats.counters["ledger_resets"] == 1
+    assert step.ledger.consumed("r") == 1 and step.telemetry.stats.counters["ledger_resets"] == 1
     assert any("advanced with [1, 2]" in r.getMessage() for r in caplog.records)
 
 
 # -- prune -----------------------------------------------------------------------------------------------------------
 def _fill_ledger(step: GrammarStep, k: int) -> None:
     for i in range(k):
-        step.advance(f"q{i}", G.Recorder(), 0, [1])
+        feed_one(step, f"q{i}", G.Recorder(), 0, [1])
 
 
 def test_prune_forgets_finished_requests():
-    step = GrammarStep()
+    step = make_step()
     _fill_ledger(step, 3)
     step.prune(live=["q0", "q1", "q2"], finished=["q1"])
     assert "q1" not in step.ledger and "q0" in step.ledger and "q2" in step.ledger
-    assert step.stats.counters["ledger_forgets"] == 0  # finished requests are not "forgets"
+    assert step.telemetry.stats.counters["ledger_forgets"] == 0  # finished requests are not "forgets"
 
 
 @pytest.mark.parametrize("entries,live,left", [
@@ -206,20 +211,20 @@ def test_prune_forgets_finished_requests():
     (81, 20, 20),
 ])
 def test_prune_retains_only_live_requests_once_the_ledger_outgrows_the_batch(entries, live, left):
-    step = GrammarStep()
+    step = make_step()
     _fill_ledger(step, entries)
     alive = [f"q{i}" for i in range(live)]
     step.prune(live=alive)
     assert len(step.ledger) == left
     assert all(k in step.ledger for k in alive)
-    assert step.stats.counters["ledger_forgets"] == entries - left
+    assert step.telemetry.stats.counters["ledger_forgets"] == entries - left
 
 
 # -- 2./3. the mask ----------------------------------------------------------------------------------------------------
 def test_build_mask_runs_barrier_then_tree_then_build_and_records_every_phase(clock, tmp_path):
     probe, exporter = Probe(unhidden=0.5), Exporter()
     tl = T.Timeline(str(tmp_path / "tl.json"))
-    step = GrammarStep(probe=probe, exporter=exporter, timeline=tl, mask_time_limit_s=None)
+    step = make_step(probe=probe, exporter=exporter, timeline=tl, mask_time_limit_s=None)
     matchers, nxt, sib, tok = _batch()
     reqs = [MaskRequest(matcher=m, request_id=f"r{i}") for i, m in enumerate(matchers)]
     tree = SlowTree((nxt, sib, tok.reshape(-1)), clock, cost=3.0)
@@ -241,7 +246,7 @@ def test_build_mask_runs_barrier_then_tree_then_build_and_records_every_phase(cl
     assert out.device_mask is out.tree.bitmask  # CPU: the sampler reads the builder's buffer
     assert out.tree.failed == [] and out.tree.timed_out == []
     # Durations: barrier 2 s, tree wait 3 s, fence + build + upload 5 s (the build itself takes no fake time).
-    s = step.stats
+    s = step.telemetry.stats
     assert (s.steps, s.advance_s, s.tree_wait_s, s.mask_s, s.unhidden_s) == (1, 2.0, 3.0, 5.0, 0.5)
     assert s.last["bs"] == 3.0 and s.mask_timeouts == 0 and s.counters["mask_failures"] == 0
     assert probe.calls == [("mask_start", CPU, t0), ("mask_ready", t0 + 10.0)]
@@ -267,24 +272,24 @@ class DisabledExporter(Exporter):
 @pytest.mark.parametrize("enabled", [False, True])
 def test_an_exporter_is_called_only_when_it_is_enabled(enabled):
     exporter = Exporter() if enabled else DisabledExporter()
-    step = GrammarStep(exporter=exporter, mask_time_limit_s=None)
+    step = make_step(exporter=exporter, mask_time_limit_s=None)
     matchers, nxt, sib, tok = _batch()
     reqs = [MaskRequest(matcher=m, request_id=f"r{i}") for i, m in enumerate(matchers)]
     for _ in range(2):
         out = step.build_mask(reqs, PendingTree(host=(nxt, sib, tok.reshape(-1)), resolved=True), vocab_size=VOCAB,
                               device=CPU, draft_device=None)
         assert torch.equal(out.tree.bitmask, _reference_mask())
-    assert step.stats.steps == 2 and step.stats.last["bs"] == 3.0  # the step's own numbers either way
+    assert step.telemetry.stats.steps == 2 and step.telemetry.stats.last["bs"] == 3.0  # the step's own numbers either way
     assert len(exporter.steps) == (2 if enabled else 0)
 
 
 def test_build_mask_without_barrier_and_with_the_default_probe(clock):
-    step = GrammarStep(mask_time_limit_s=None)
+    step = make_step(mask_time_limit_s=None)
     matchers, nxt, sib, tok = _batch()
     out = step.build_mask([MaskRequest(matcher=m) for m in matchers], SlowTree((nxt, sib, tok), clock, 1.5),
                           vocab_size=VOCAB, device=CPU)
     assert torch.equal(out.device_mask, _reference_mask())
-    assert (step.stats.advance_s, step.stats.tree_wait_s, step.stats.unhidden_s) == (0.0, 1.5, 0.0)
+    assert (step.telemetry.stats.advance_s, step.telemetry.stats.tree_wait_s, step.telemetry.stats.unhidden_s) == (0.0, 1.5, 0.0)
 
 
 class DeviceModule:
@@ -319,7 +324,7 @@ def test_device_upload_is_fenced_before_the_next_build_reuses_the_buffer(clock, 
         return module
 
     monkeypatch.setattr(torch, "get_device_module", get_device_module)
-    step = GrammarStep(mask_time_limit_s=None)
+    step = make_step(mask_time_limit_s=None)
     meta = torch.device("meta")
     matchers, nxt, sib, tok = _batch()
     reqs = [MaskRequest(matcher=m) for m in matchers]
@@ -333,12 +338,12 @@ def test_device_upload_is_fenced_before_the_next_build_reuses_the_buffer(clock, 
 
 def test_unconstrained_batch_has_no_device_mask(clock):
     exporter = Exporter()
-    step = GrammarStep(exporter=exporter)
+    step = make_step(exporter=exporter)
     _, nxt, sib, tok = _batch()
     out = step.build_mask([MaskRequest(), MaskRequest(), MaskRequest()], PendingTree(host=(nxt, sib, tok)),
                           vocab_size=VOCAB, device=CPU, draft_device=tok.reshape(-1).clone())
     assert out.device_mask is None and out.tree.bitmask is None
-    assert step.stats.steps == 1 and exporter.steps == [(0.0, 0.0, 0)]
+    assert step.telemetry.stats.steps == 1 and exporter.steps == [(0.0, 0.0, 0)]
 
 
 def test_failed_request_has_its_drafts_neutralised_and_is_counted(clock):
@@ -347,14 +352,14 @@ def test_failed_request_has_its_drafts_neutralised_and_is_counted(clock):
     reqs = [MaskRequest(matcher=matchers[0]), MaskRequest(grammar=broken, request_id="bad"),
             MaskRequest(matcher=matchers[2])]
     draft = tok.reshape(-1).clone()
-    step = GrammarStep(mask_time_limit_s=None)
+    step = make_step(mask_time_limit_s=None)
     out = step.build_mask(reqs, PendingTree(host=(nxt, sib, tok)), vocab_size=VOCAB, device=CPU,
                           draft_device=draft)
     assert [i for i, _ in out.tree.failed] == [1]
     view = draft.view(3, N)
     assert torch.equal(view[0], tok[0]) and torch.equal(view[2], tok[2])
     assert int(view[1, 0]) == int(tok[1, 0]) and view[1, 1:].tolist() == [-1] * (N - 1)
-    assert step.stats.counters["mask_failures"] == 1 and step.stats.mask_timeouts == 0
+    assert step.telemetry.stats.counters["mask_failures"] == 1 and step.telemetry.stats.mask_timeouts == 0
     ref = _reference_mask()
     assert torch.equal(out.device_mask[:N], ref[:N]) and torch.equal(out.device_mask[2 * N :], ref[2 * N :])
     assert bool((out.device_mask[N : 2 * N] == -1).all())
@@ -364,14 +369,14 @@ def test_failed_request_without_a_draft_tensor_is_left_to_the_caller(clock):
     """No ``draft_device``: nothing to neutralise; the failure is still reported (the host aborts the request)."""
     matchers, nxt, sib, tok = _batch()
     reqs = [MaskRequest(matcher=matchers[0]), MaskRequest(grammar=BrokenGrammar(matchers[1], ok_fills=0))]
-    step = GrammarStep(mask_time_limit_s=None)
+    step = make_step(mask_time_limit_s=None)
     out = step.build_mask(reqs, PendingTree(host=(nxt[:2], sib[:2], tok[:2])), vocab_size=VOCAB, device=CPU)
-    assert [i for i, _ in out.tree.failed] == [1] and step.stats.counters["mask_failures"] == 1
+    assert [i for i, _ in out.tree.failed] == [1] and step.telemetry.stats.counters["mask_failures"] == 1
 
 
 def test_time_limit_applies_only_when_drafts_can_be_neutralised(clock):
     exporter = Exporter()
-    step = GrammarStep(mask_time_limit_s=1e-9, exporter=exporter)  # every walk is over the limit
+    step = make_step(mask_time_limit_s=1e-9, exporter=exporter)  # every walk is over the limit
     matchers, nxt, sib, tok = _batch()
     reqs = [MaskRequest(matcher=m) for m in matchers]
     ref = _reference_mask()
@@ -387,7 +392,7 @@ def test_time_limit_applies_only_when_drafts_can_be_neutralised(clock):
     assert view[:, 0].tolist() == tok[:, 0].tolist() and bool((view[:, 1:] == -1).all())
     for i in range(3):
         assert torch.equal(cut.device_mask[i * N], ref[i * N])
-    assert step.stats.mask_timeouts == 3 and step.stats.steps == 2
+    assert step.telemetry.stats.mask_timeouts == 3 and step.telemetry.stats.steps == 2
     assert [t for _, _, t in exporter.steps] == [0, 3]
 
 
@@ -402,7 +407,7 @@ def _lines(caplog) -> List[str]:
 
 
 def test_log_line_on_the_first_step_then_every_interval(clock, caplog):
-    step = GrammarStep(log_interval_s=10.0)
+    step = make_step(log_interval_s=10.0)
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
         _unconstrained_step(step)
         assert len(_lines(caplog)) == 1
@@ -419,9 +424,9 @@ def test_log_line_on_the_first_step_then_every_interval(clock, caplog):
 
 
 def test_log_line_carries_the_per_step_numbers(clock, caplog):
-    step = GrammarStep(probe=Probe(unhidden=0.25), mask_time_limit_s=None)
-    step.advance("a", G.Recorder(), 0, [1])
-    step.stats.count("aborts", 2)
+    step = make_step(probe=Probe(unhidden=0.25), mask_time_limit_s=None)
+    feed_one(step, "a", G.Recorder(), 0, [1])
+    step.telemetry.stats.count("aborts", 2)
     _, nxt, sib, tok = _batch()
 
     def barrier() -> None:
@@ -438,26 +443,26 @@ def test_log_line_carries_the_per_step_numbers(clock, caplog):
 
 
 def test_snapshot_holds_the_step_numbers_counters_and_host_state(clock):
-    step = GrammarStep(state=lambda: {"active": True, "steps": "from the host"})
-    step.advance("a", G.Recorder(), 0, [1, 2, 3])
-    step.advance("b", G.Recorder(), 0, [4])
-    step.stats.count("aborts")
+    step = make_step(state=lambda: {"active": True, "steps": "from the host"})
+    feed_one(step, "a", G.Recorder(), 0, [1, 2, 3])
+    feed_one(step, "b", G.Recorder(), 0, [4])
+    step.telemetry.stats.count("aborts")
     _, nxt, sib, tok = _batch()
     step.build_mask([MaskRequest()] * 3, SlowTree((nxt, sib, tok), clock, 0.5), vocab_size=VOCAB, device=CPU)
-    snap = step.snapshot()
+    snap = step.telemetry.snapshot()
     assert snap["active"] is True and snap["steps"] == "from the host"  # the host's fields come last
     assert (snap["tree_wait_s"], snap["grammar_s"], snap["advance_s"], snap["mask_s"]) == (0.5, 0.5, 0.0, 0.0)
     assert snap["unhidden_s"] == 0.0 and snap["mask_timeouts"] == 0
     assert snap["tokens_advanced"] == 4 and snap["ledger_requests"] == 2
     assert snap["pinned_allocations"] == 0 and snap["pid"] == os.getpid()
     assert snap["aborts"] == 1 and snap["mask_failures"] == 0
-    plain = GrammarStep().snapshot()
+    plain = make_step().telemetry.snapshot()
     assert plain["steps"] == 0 and "active" not in plain
 
 
 def test_stats_file_rewritten_every_step(clock, tmp_path):
     path = tmp_path / "stats.json"
-    step = GrammarStep(stats_file=str(path), log_interval_s=1e9)
+    step = make_step(stats_file=str(path), log_interval_s=1e9)
     _unconstrained_step(step)
     assert json.loads(path.read_text())["steps"] == 1
     _unconstrained_step(step)
@@ -468,9 +473,9 @@ def test_stats_file_rewritten_every_step(clock, tmp_path):
 
 def test_stats_file_that_cannot_be_written_never_fails_a_step(clock, tmp_path, caplog):
     path = tmp_path / "missing-dir" / "stats.json"
-    step = GrammarStep(stats_file=str(path))
+    step = make_step(stats_file=str(path))
     with caplog.at_level(logging.DEBUG, logger="sglang_eagle_overlap"):
         _unconstrained_step(step)
-    assert step.stats.steps == 1 and not path.exists()
+    assert step.telemetry.stats.steps == 1 and not path.exists()
     (msg,) = [r.getMessage() for r in caplog.records if "cannot write stats file" in r.getMessage()]
     assert msg.startswith(f"sglang-eagle-overlap: cannot write stats file {path}: ") and "No such file" in msg

@@ -12,17 +12,21 @@ from typing import Any, List
 import pytest
 import torch
 
-from sglang_eagle_overlap.core import AcceptLedger, GrammarStep, MaskRequest
+from sglang_eagle_overlap.core import RowRun, Run
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+
+from sglang_eagle_overlap.core.ledger import AcceptLedger
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import result_runs
 from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.steps import feed_one, make_step, was_fed
 
 VOCAB = 512
 N = 4
 
 
 def _step(thread: bool = True) -> GrammarStep:
-    return GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=thread, native=native)
+    return make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=thread, native=native)
 
 
 def _docs(k: int, seed: int = 0) -> List[List[int]]:
@@ -43,18 +47,18 @@ def test_advance_later_outside_a_build_feeds_at_once_reports_and_counts_replays_
     grammars = [object() for _ in docs]
     ms = [G.matcher("nested", VOCAB) for _ in docs]
     twins = [G.matcher("nested", VOCAB) for _ in docs]
-    want = AcceptLedger().advance_many([(f"r{i}", grammars[i], 0, runs[i], twins[i]) for i in range(3)])
+    want = AcceptLedger().feed([Run(f"r{i}", grammars[i], twins[i], 0, runs[i]) for i in range(3)])
     step = _step()
     try:
         told: List[Any] = []
         seen: List[Any] = []
-        rows = [(f"r{i}", grammars[i], 0, ms[i], i) for i in range(3)]
-        step.advance_later(rows, result_runs(runs), told.append, lambda g, o: seen.append((g, o)))
+        rows = [RowRun(f"r{i}", grammars[i], ms[i], 0, i) for i in range(3)]
+        step.feed_later(rows, result_runs(runs), told.append, lambda g, o: seen.append((g, o)))
         assert told == [want] and seen == list(zip(grammars, want))
-        step.advance_later(rows[:2], result_runs(runs[:2]), told.append)  # asked again: replays, not counted
-        assert told[1] == want[:2] and step.stats.counters["replays"] == 0 and step.ledger.tokens_fed == 6
-        step.advance_later(rows[:2], result_runs(runs[:2]), told.append, count_replays=True)
-        assert told[2] == want[:2] and step.stats.counters["replays"] == 2
+        step.feed_later(rows[:2], result_runs(runs[:2]), told.append)  # asked again: replays, not counted
+        assert told[1] == want[:2] and step.telemetry.stats.counters["replays"] == 0 and step.ledger.tokens_fed == 6
+        step.feed_later(rows[:2], result_runs(runs[:2]), told.append, count_replays=True)
+        assert told[2] == want[:2] and step.telemetry.stats.counters["replays"] == 2
     finally:
         step.close()
 
@@ -70,18 +74,18 @@ def test_a_conflicting_run_in_a_barrier_is_re_anchored_fed_from_its_start_and_re
     old = [G.matcher("nested", VOCAB) for _ in docs]
     step = _step(threaded)
     try:
-        step.advance_many([(f"r{i}", g[i], 0, docs[i][:1], old[i]) for i in range(3)])
+        step.feed([Run(f"r{i}", g[i], old[i], 0, docs[i][:1]) for i in range(3)])
         # r0: the host rolled it back to 0 and commits 2 other tokens there (a fresh matcher stands for the rollback);
         # r1: the same run again (a replay); r2: its next run
         fresh = G.matcher("nested", VOCAB)
         other = docs[0][:2]  # at position 0, where the ledger fed docs[0][:1]: a conflict
         runs = [other, docs[1][:1], docs[2][1:3]]
-        rows = [("r0", g[0], 0, fresh, 0), ("r1", g[1], 0, old[1], 1), ("r2", g[2], 1, old[2], 2)]
+        rows = [RowRun("r0", g[0], fresh, 0, 0), RowRun("r1", g[1], old[1], 0, 1), RowRun("r2", g[2], old[2], 1, 2)]
         told: List[Any] = []
         seen: List[Any] = []
         nxt, sib, tok = _tree(3)
         reqs = [MaskRequest(matcher=m) for m in (fresh, old[1], old[2])]
-        barrier = lambda: step.advance_later(rows, result_runs(runs), told.append,  # noqa: E731
+        barrier = lambda: step.feed_later(rows, result_runs(runs), told.append,  # noqa: E731
                                              lambda gr, o: seen.append((gr, o)), count_replays=True)
         with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
             if threaded:
@@ -94,8 +98,8 @@ def test_a_conflicting_run_in_a_barrier_is_re_anchored_fed_from_its_start_and_re
         assert (o0.start, o0.retained, o0.error) == (0, tuple(other), None)
         assert (o1.start, o1.retained) == (0, tuple(docs[1][:1])) and (o2.start, o2.retained) == (1, tuple(docs[2][1:3]))
         assert step.ledger.consumed("r0") == len(other) and step.ledger.consumed("r2") == 3
-        assert step.stats.counters["ledger_resets"] == 1 and step.stats.counters["replays"] == 1
-        assert step.stats.counters["thread_steps"] == (1 if threaded else 0)
+        assert step.telemetry.stats.counters["ledger_resets"] == 1 and step.telemetry.stats.counters["replays"] == 1
+        assert step.telemetry.stats.counters["thread_steps"] == (1 if threaded else 0)
         assert "re-anchoring grammar ledger of request r0 at position 0" in caplog.text
         assert sorted((g.index(gr), o.start) for gr, o in seen) == [(0, 0), (2, 1)]
         twin = G.matcher("nested", VOCAB)
@@ -112,20 +116,20 @@ def test_replay_kept_answers_only_a_whole_clean_run_asked_with_the_same_tokens()
     g = object()
     step = _step()
     try:
-        assert step.replay_kept("a", 0, docs[0][:2]) is None  # never fed
-        step.advance("a", g, 0, docs[0][:2], m)
-        assert step.replay_kept("a", 0, docs[0][:2]) == docs[0][:2] and step.stats.counters["replays"] == 1
-        assert step.replay_kept("a", 0, torch.tensor(docs[0][:2])) == docs[0][:2]  # tensor ints compare as ints
-        assert step.replay_kept("a", 0, docs[0][:1]) is None and step.stats.counters["replays"] == 2
+        assert step.replay_whole("a", 0, docs[0][:2]) is None  # never fed
+        feed_one(step, "a", g, 0, docs[0][:2], m)
+        assert step.replay_whole("a", 0, docs[0][:2]) == docs[0][:2] and step.telemetry.stats.counters["replays"] == 1
+        assert step.replay_whole("a", 0, torch.tensor(docs[0][:2])) == docs[0][:2]  # tensor ints compare as ints
+        assert step.replay_whole("a", 0, docs[0][:1]) is None and step.telemetry.stats.counters["replays"] == 2
         bad = next(t for t in range(VOCAB) if not G.matcher("nested", VOCAB, docs[0][:3]).accept_token(t))
-        out = step.advance("a", g, 2, [docs[0][2], bad], m)
-        assert out.error is not None and step.replay_kept("a", 2, [docs[0][2], bad]) is None  # cut by a rejection
-        assert step.replay("a", 2, [docs[0][2], bad]) == out and step.stats.counters["replays"] == 3
+        out = feed_one(step, "a", g, 2, [docs[0][2], bad], m)
+        assert out.error is not None and step.replay_whole("a", 2, [docs[0][2], bad]) is None  # cut by a rejection
+        assert step.replay("a", 2, [docs[0][2], bad]) == out and step.telemetry.stats.counters["replays"] == 3
         assert step.replay("a", 0, docs[0][:1]) is None and step.replay("zz", 0, [1]) is None
         doc = docs[1]
-        ended = step.advance("t", object(), 0, doc + [doc[0]], G.matcher("nested", VOCAB))  # past the grammar's end
+        ended = feed_one(step, "t", object(), 0, doc + [doc[0]], G.matcher("nested", VOCAB))  # past the grammar's end
         assert ended.terminated and ended.error is None and ended.retained == tuple(doc)
-        assert step.replay_kept("t", 0, doc + [doc[0]]) is None and step.stats.counters["replays"] == 3
+        assert step.replay_whole("t", 0, doc + [doc[0]]) is None and step.telemetry.stats.counters["replays"] == 3
     finally:
         step.close()
 
@@ -136,7 +140,7 @@ def test_advance_reports_a_fresh_feed_to_on_feed():
     seen: List[Any] = []
     step = _step()
     try:
-        out = step.advance("a", g, 0, doc[:2], G.matcher("nested", VOCAB), lambda gr, o: seen.append((gr, o)))
+        out = feed_one(step, "a", g, 0, doc[:2], G.matcher("nested", VOCAB), lambda gr, o: seen.append((gr, o)))
         assert seen == [(g, out)] and out.retained == tuple(doc[:2])
     finally:
         step.close()
@@ -154,9 +158,9 @@ def test_an_abandoned_step_that_fails_is_logged_once_and_its_runs_are_recorded(m
     try:
         nxt, sib, tok = _tree(2)
         reqs = [MaskRequest(matcher=m) for m in ms]
-        rows = [(f"r{i}", g[i], 0, ms[i], i) for i in range(2)]
+        rows = [RowRun(f"r{i}", g[i], ms[i], 0, i) for i in range(2)]
         step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                         barrier=lambda: step.advance_later(rows, result_runs([d[:2] for d in docs]), told.append))
+                         barrier=lambda: step.feed_later(rows, result_runs([d[:2] for d in docs]), told.append))
         builder = step.builder
         real = builder.finish
 
@@ -166,15 +170,15 @@ def test_an_abandoned_step_that_fails_is_logged_once_and_its_runs_are_recorded(m
 
         monkeypatch.setattr(builder, "finish", broken)
         with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap"):
-            assert step.replay_kept("r1", 0, docs[1][:2]) == docs[1][:2]  # settles the open job first
-            assert step.was_advanced("r0", 0)
+            assert step.replay_whole("r1", 0, docs[1][:2]) == docs[1][:2]  # settles the open job first
+            assert was_fed(step, "r0", 0)
         assert [r.getMessage() for r in caplog.records] == [
             "sglang-eagle-overlap: an abandoned grammar step failed: RuntimeError: boom"]
         assert len(told) == 1 and step.ledger.tokens_fed == 4
         # a second abandoned job (it finishes cleanly when settled), settled by ``replay``
-        rows2 = [(f"r{i}", g[i], 2, ms[i], i) for i in range(2)]
+        rows2 = [RowRun(f"r{i}", g[i], ms[i], 2, i) for i in range(2)]
         step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                         barrier=lambda: step.advance_later(rows2, result_runs([d[2:3] for d in docs]), told.append))
+                         barrier=lambda: step.feed_later(rows2, result_runs([d[2:3] for d in docs]), told.append))
         out = step.replay("r0", 2, docs[0][2:3])
         assert out is not None and out.retained == tuple(docs[0][2:3]) and len(told) == 2
         assert step.ledger.tokens_fed == 6 and len(caplog.records) == 1
@@ -187,7 +191,7 @@ def test_the_grammar_thread_build_keeps_the_callers_time_limit_choice(allow):
     """``allow_timeout=False`` (a caller that cannot neutralise drafts) builds without the time limit on the grammar
     thread's path too."""
     ms = [G.matcher("nested", VOCAB) for _ in range(2)]
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=0.5, grammar_thread=True, native=native)
+    step = make_step(mask_threads=1, mask_time_limit_s=0.5, grammar_thread=True, native=native)
     try:
         nxt, sib, tok = _tree(2)
         job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
@@ -217,9 +221,9 @@ def test_the_mask_is_built_after_the_barriers_runs_are_fed(threaded):
         nxt, sib, _ = _tree(len(docs))
         tok = torch.tensor([d[c + 2 : c + 2 + N] + [0] * (N - len(d[c + 2 : c + 2 + N])) for d, c in zip(docs, cuts)],
                            dtype=torch.int64)
-        rows = [(f"r{i}", object(), c, ms[i], i) for i, c in enumerate(cuts)]
+        rows = [RowRun(f"r{i}", object(), ms[i], c, i) for i, c in enumerate(cuts)]
         reqs = [MaskRequest(matcher=m) for m in ms]
-        barrier = lambda: step.advance_later(rows, result_runs(runs), lambda o: None)  # noqa: E731
+        barrier = lambda: step.feed_later(rows, result_runs(runs), lambda o: None)  # noqa: E731
         if threaded:
             job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=barrier)
             mask = step.finish_build(job, device="cpu").device_mask.clone()
@@ -244,12 +248,12 @@ def test_a_barrier_whose_caller_waits_for_no_outcome_still_feeds_and_records_eac
     runs = [d[:3] for d in docs]
     ms = [G.matcher("nested", VOCAB) for _ in docs]
     grammars = [object() for _ in docs]
-    rows = [(f"r{i}", grammars[i], 0, ms[i], i) for i in range(3)]
+    rows = [RowRun(f"r{i}", grammars[i], ms[i], 0, i) for i in range(3)]
     step = _step(threaded)
     try:
         nxt, sib, tok = _tree(3)
         reqs = [MaskRequest(matcher=m) for m in ms]
-        barrier = lambda: step.advance_later(rows, result_runs(runs), None)  # noqa: E731
+        barrier = lambda: step.feed_later(rows, result_runs(runs), None)  # noqa: E731
         job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, barrier=barrier)
         assert (job.future is not None) == threaded
         step.finish_build(job, device="cpu")
@@ -257,9 +261,9 @@ def test_a_barrier_whose_caller_waits_for_no_outcome_still_feeds_and_records_eac
         for i, run in enumerate(runs):
             assert step.ledger.outcome(f"r{i}", 0).retained == tuple(run)
         told: List[Any] = []
-        step.advance_later(rows, result_runs(runs), told.append, count_replays=True)  # post-processing's ask
+        step.feed_later(rows, result_runs(runs), told.append, count_replays=True)  # post-processing's ask
         assert [o.retained for o in told[0]] == [tuple(r) for r in runs]
-        assert step.ledger.tokens_fed == 9 and step.stats.counters["replays"] == 3
+        assert step.ledger.tokens_fed == 9 and step.telemetry.stats.counters["replays"] == 3
         for i, d in enumerate(docs):
             want = G.next_token_bitmask(G.matcher("nested", VOCAB, d[:3]), VOCAB)
             assert torch.equal(G.next_token_bitmask(ms[i], VOCAB), want), f"request {i} fed other than once"
@@ -280,7 +284,7 @@ def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_ma
     docs = _docs(8, seed=8)
     rng = random.Random(8)
     cuts = [rng.randrange(1, len(d) - N - 1) for d in docs]
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, forced=forced)
+    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, forced=forced)
     try:
         def build(verify: bool) -> None:
             ms = [G.matcher("nested", VOCAB, d[:c]) for d, c in zip(docs, cuts)]
@@ -309,11 +313,11 @@ def test_a_conflict_re_anchored_by_advance_many_is_reported_to_on_feed():
     g = object()
     step = _step()
     try:
-        step.advance_many([("a", g, 0, doc[:1], G.matcher("nested", VOCAB))])
+        step.feed([Run("a", g, G.matcher("nested", VOCAB), 0, doc[:1])])
         seen: List[Any] = []
-        out = step.advance_many([("a", g, 0, doc[:2], G.matcher("nested", VOCAB))], lambda gr, o: seen.append((gr, o)))
+        out = step.feed([Run("a", g, G.matcher("nested", VOCAB), 0, doc[:2])], lambda gr, o: seen.append((gr, o)))
         assert out[0].retained == tuple(doc[:2]) and seen == [(g, out[0])]
-        assert step.stats.counters["ledger_resets"] == 1
+        assert step.telemetry.stats.counters["ledger_resets"] == 1
     finally:
         step.close()
 
@@ -333,9 +337,9 @@ def test_an_inline_native_walk_that_is_refused_falls_back_with_the_reason_and_th
         ms = [G.matcher("nested", VOCAB, d[:c]) for d, c in zip(docs, cuts)]
         nxt, sib, _ = _tree(len(docs))
         tok = torch.tensor([[0] + d[c + 2 : c + 1 + N] for d, c in zip(docs, cuts)], dtype=torch.int64)
-        rows = [(f"r{i}", object(), c, ms[i], i) for i, c in enumerate(cuts)]
+        rows = [RowRun(f"r{i}", object(), ms[i], c, i) for i, c in enumerate(cuts)]
         return step.build_mask([MaskRequest(matcher=m) for m in ms], step.copy_tree(nxt, sib, tok), vocab_size=VOCAB,
-                               device="cpu", barrier=lambda: step.advance_later(rows, result_runs(runs), lambda o: None)
+                               device="cpu", barrier=lambda: step.feed_later(rows, result_runs(runs), lambda o: None)
                                ).device_mask.clone()
 
     ok = _step(False)
@@ -369,7 +373,7 @@ def test_drafts_of_timed_out_requests_are_neutralised_on_the_grammar_threads_pat
     row, and their drafts in the sampler's tensor are neutralised (the tree's node count comes from the job)."""
     docs = _docs(6, seed=11)
     ms = [G.matcher("nested", VOCAB, d[:1]) for d in docs]
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=1e-9, grammar_thread=True, native=native)
+    step = make_step(mask_threads=1, mask_time_limit_s=1e-9, grammar_thread=True, native=native)
     try:
         nxt, sib, _ = _tree(len(docs))
         tok = torch.tensor([d[1 : 1 + N] for d in docs], dtype=torch.int64)

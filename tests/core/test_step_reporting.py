@@ -17,7 +17,9 @@ import threading
 import pytest
 import torch
 
+from sglang_eagle_overlap.core import RowRun
 from sglang_eagle_overlap.core import step as step_mod
+from sglang_eagle_overlap.core import telemetry as telemetry_mod
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.step import GrammarStep
 from sglang_eagle_overlap.core.ledger import ResultRuns
@@ -26,6 +28,7 @@ from sglang_eagle_overlap.core.stats import COUNTERS
 from sglang_eo_dev.helpers.clocks import FakeTime
 from sglang_eo_dev.helpers.grammars import Recorder, doc_tokens, matcher
 from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.steps import feed_one, make_step, was_fed
 
 BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
              "join_wait_s", "helper_gil_s", "handoff_s", "grammar_thread", "forced_drafts", "native", "tokens_advanced", "ledger_requests",
@@ -36,6 +39,7 @@ BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "ma
 
 def _rank(monkeypatch, value):
     monkeypatch.setattr(step_mod, "distributed_rank", lambda: value)
+    monkeypatch.setattr(telemetry_mod, "distributed_rank", lambda: value)
 
 
 def _forced(proposed, changed, accepted, changed_accepted, nodes):
@@ -47,13 +51,13 @@ def _forced(proposed, changed, accepted, changed_accepted, nodes):
 
 def test_snapshot_names_every_number_it_reports(monkeypatch):
     _rank(monkeypatch, (1, 2))
-    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 2, 11),
-                       state=lambda: {"active": True})
-    s = step.stats
+    step = make_step(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 2, 11),
+                     state=lambda: {"active": True})
+    s = step.telemetry.stats
     s.steps, s.sched_s, s.join_wait_s, s.helper_gil_s, s.handoff_s = 4, 0.25, 0.125, 0.0625, 0.03125
     s.advance_s, s.tree_wait_s, s.mask_s, s.unhidden_s, s.mask_timeouts = 0.5, 0.75, 1.5, 0.3, 2
     step.count(COUNTERS[0], 3)
-    d = step.snapshot()
+    d = step.telemetry.snapshot()
     assert set(d) == BASE_KEYS | {"active"}
     assert (d["steps"], d["sched_s"], d["join_wait_s"], d["helper_gil_s"], d["handoff_s"]) == (
         4, 0.25, 0.125, 0.0625, 0.03125)
@@ -70,7 +74,7 @@ def test_snapshot_names_every_number_it_reports(monkeypatch):
 
 def test_snapshot_without_a_group_or_forced_drafts(monkeypatch):
     _rank(monkeypatch, None)
-    d = GrammarStep(mask_threads=1).snapshot()
+    d = make_step(mask_threads=1).telemetry.snapshot()
     assert set(d) == BASE_KEYS
     assert d["grammar_thread"] is False and d["forced_drafts"] is False
     assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
@@ -82,11 +86,11 @@ def test_snapshot_without_a_group_or_forced_drafts(monkeypatch):
                                         ((0, 4), "stats.rank0.json")])
 def test_stats_file_is_per_rank_and_fixed_once_the_group_is_known(monkeypatch, tmp_path, rank, name):
     _rank(monkeypatch, rank)
-    step = GrammarStep(mask_threads=1, stats_file=str(tmp_path / "stats.json"))
-    assert step.stats_path() == str(tmp_path / name)
+    step = make_step(mask_threads=1, stats_file=str(tmp_path / "stats.json"))
+    assert step.telemetry.stats_path() == str(tmp_path / name)
     _rank(monkeypatch, (3, 8))  # a group found later changes nothing once a rank was fixed; before, it is looked up
-    assert step.stats_path() == str(tmp_path / ("stats.rank3.json" if rank is None else name))
-    step.write_stats()
+    assert step.telemetry.stats_path() == str(tmp_path / ("stats.rank3.json" if rank is None else name))
+    step.telemetry.write_stats()
     written = json.loads((tmp_path / ("stats.rank3.json" if rank is None else name)).read_text())
     assert written["steps"] == 0 and set(written) == BASE_KEYS
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # replaced atomically
@@ -94,9 +98,9 @@ def test_stats_file_is_per_rank_and_fixed_once_the_group_is_known(monkeypatch, t
 
 def test_no_stats_file_no_path_and_nothing_written(monkeypatch, tmp_path):
     _rank(monkeypatch, (1, 2))
-    step = GrammarStep(mask_threads=1)
-    assert step.stats_path() is None
-    step.write_stats()
+    step = make_step(mask_threads=1)
+    assert step.telemetry.stats_path() is None
+    step.telemetry.write_stats()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -105,7 +109,7 @@ def test_no_stats_file_no_path_and_nothing_written(monkeypatch, tmp_path):
 def test_mask_time_limit_only_outside_a_multi_rank_group(monkeypatch, caplog, rank, allowed):
     """Ranks of one TP group must build identical masks, so a wall-clock limit is off there; decided once."""
     _rank(monkeypatch, rank)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=0.05)
+    step = make_step(mask_threads=1, mask_time_limit_s=0.05)
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
         assert step._may_time_out() is allowed
     _rank(monkeypatch, None if not allowed else (0, 2))  # the decision is not taken again
@@ -119,17 +123,17 @@ def test_report_logs_the_first_step_then_every_interval(monkeypatch, caplog, tmp
     _rank(monkeypatch, None)
     clock = [100.0]
     monkeypatch.setattr(step_mod.time, "monotonic", lambda: clock[0])
-    step = GrammarStep(mask_threads=1, log_interval_s=30.0, stats_file=str(tmp_path / "s.json"),
-                       forced=_forced(4, 2, 1, 1, 6))
-    step.stats.steps, step.stats.mask_s, step.stats.mask_timeouts = 1, 0.002, 1
+    step = make_step(mask_threads=1, log_interval_s=30.0, stats_file=str(tmp_path / "s.json"),
+                     forced=_forced(4, 2, 1, 1, 6))
+    step.telemetry.stats.steps, step.telemetry.stats.mask_s, step.telemetry.stats.mask_timeouts = 1, 0.002, 1
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
-        step.report()  # first step: a line
-        step.stats.steps = 2
+        step.telemetry.report()  # first step: a line
+        step.telemetry.stats.steps = 2
         clock[0] += 29.0
-        step.report()  # inside the interval: none
+        step.telemetry.report()  # inside the interval: none
         clock[0] += 1.0
-        step.stats.steps = 3
-        step.report()  # interval reached: a line
+        step.telemetry.stats.steps = 3
+        step.telemetry.report()  # interval reached: a line
     lines = [r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage()]
     assert len(lines) == 2
     assert lines[0].startswith("sglang-eagle-overlap: 1 grammar verify steps; per step: grammar 2.000 ms")
@@ -141,14 +145,14 @@ def test_report_logs_the_first_step_then_every_interval(monkeypatch, caplog, tmp
 
 def test_forced_deltas_are_what_moved_since_the_last_step():
     f = _forced(0, 0, 0, 0, 0)
-    step = GrammarStep(mask_threads=1, forced=f)
+    step = make_step(mask_threads=1, forced=f)
     assert step._forced_delta() == (0, 0)
     f._mirror = torch.tensor([5, 4, 2, 1], dtype=torch.int64)
     assert step._forced_delta() == (5, 2)
     f._mirror = torch.tensor([9, 6, 3, 2], dtype=torch.int64)
     assert step._forced_delta() == (4, 1)
     assert step._forced_delta() == (0, 0)
-    assert GrammarStep(mask_threads=1)._forced_delta() == (0, 0)  # off: nothing ever moves
+    assert make_step(mask_threads=1)._forced_delta() == (0, 0)  # off: nothing ever moves
 
 
 class _Tree:
@@ -173,24 +177,25 @@ def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allo
     _rank(monkeypatch, rank)
     clock = FakeTime()  # core.step's time module
     monkeypatch.setattr(step_mod, "time", clock)
+    monkeypatch.setattr(telemetry_mod, "time", clock)
     names = []
 
     def barrier():
         names.append(threading.current_thread().name)
         clock.now += 0.25
 
-    step = GrammarStep(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0, 0), pin_memory=False)
+    step = make_step(mask_threads=1, grammar_thread=True, forced=_forced(0, 0, 0, 0, 0), pin_memory=False)
     try:
         clock.now += 1000.0
         job = step.start_build([], _Tree(), vocab_size=8, allow_timeout=asked, barrier=barrier)
         assert job.allow_timeout is allowed and job.forced is True
         assert job.submit_s == 0.0
         assert job.future is None and names == []  # forced drafts: the work runs inline, in finish_build
-        job2 = GrammarStep(mask_threads=1).start_build([], _Tree(), vocab_size=8)
+        job2 = make_step(mask_threads=1).start_build([], _Tree(), vocab_size=8)
         assert job2.forced is False and job2.future is None and job2.allow_timeout is (rank is None)
     finally:
         step.close()
-    step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
+    step = make_step(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
     try:
         m = matcher("regex", 512)
         clock.now += 1000.0
@@ -204,7 +209,7 @@ def test_start_build_records_the_job_it_was_given(monkeypatch, rank, asked, allo
 
 
 def test_close_joins_the_open_job_and_a_later_job_starts_a_new_thread():
-    step = GrammarStep(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
+    step = make_step(mask_threads=1, grammar_thread=True, pin_memory=False, native=native)
     told = []
     grammar = object()
     m = matcher("regex", 512)
@@ -212,7 +217,7 @@ def test_close_joins_the_open_job_and_a_later_job_starts_a_new_thread():
     result = ResultRuns(torch.tensor(doc[:1]), None, 1)
 
     def barrier():
-        step.advance_later([("r", grammar, 0, m, 0)], result, told.append)
+        step.feed_later([RowRun("r", grammar, m, 0, 0)], result, told.append)
 
     step.start_build([MaskRequest(matcher=m)], _Tree(), vocab_size=512, barrier=barrier)
     assert told == [] and step._thread is not None
@@ -227,15 +232,15 @@ def test_close_joins_the_open_job_and_a_later_job_starts_a_new_thread():
 
 
 def test_was_advanced_and_count_go_through_to_the_ledger_and_stats():
-    step = GrammarStep(mask_threads=1)
+    step = make_step(mask_threads=1)
     g = Recorder()
-    assert step.was_advanced("r", 3) is False
-    step.advance("r", g, 3, [7, 8])
-    assert step.was_advanced("r", 3) is True and step.was_advanced("r", 5) is False and g.fed == [7, 8]
-    assert step.was_advanced("other", 3) is False
+    assert was_fed(step, "r", 3) is False
+    feed_one(step, "r", g, 3, [7, 8])
+    assert was_fed(step, "r", 3) is True and was_fed(step, "r", 5) is False and g.fed == [7, 8]
+    assert was_fed(step, "other", 3) is False
     step.count(COUNTERS[1])  # one by default
     step.count(COUNTERS[1], 2)
-    assert step.stats.counters[COUNTERS[1]] == 3
+    assert step.telemetry.stats.counters[COUNTERS[1]] == 3
 
 
 def test_copy_host_tree_resolves_to_the_same_tree_without_the_launch_probe():
@@ -245,7 +250,7 @@ def test_copy_host_tree_resolves_to_the_same_tree_without_the_launch_probe():
         def on_launch(self, device):
             Probe.launches += 1
 
-    step = GrammarStep(mask_threads=1, probe=Probe(), pin_memory=False)
+    step = make_step(mask_threads=1, probe=Probe(), pin_memory=False)
     nxt = torch.tensor([[1, -1, -1]])
     sib = torch.tensor([[-1, 2, -1]])
     tok = torch.tensor([[5, 6, 7]])
@@ -255,10 +260,10 @@ def test_copy_host_tree_resolves_to_the_same_tree_without_the_launch_probe():
 
 def test_report_names_the_grammar_thread_when_it_is_on(monkeypatch, caplog):
     _rank(monkeypatch, None)
-    step = GrammarStep(mask_threads=1, grammar_thread=True)
-    step.stats.steps, step.stats.join_wait_s, step.stats.helper_gil_s, step.stats.handoff_s = 1, 0.004, 0.002, 0.001
+    step = make_step(mask_threads=1, grammar_thread=True)
+    step.telemetry.stats.steps, step.telemetry.stats.join_wait_s, step.telemetry.stats.helper_gil_s, step.telemetry.stats.handoff_s = 1, 0.004, 0.002, 0.001
     with caplog.at_level(logging.INFO, logger="sglang_eagle_overlap"):
-        step.report()
+        step.telemetry.report()
     (line,) = [r.getMessage() for r in caplog.records if "grammar verify steps" in r.getMessage()]
     assert "(grammar thread on: hand-off 1.000, join wait 4.000, its GIL time <= 2.000)" in line
     assert "forced drafts off" in line

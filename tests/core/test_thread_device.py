@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 from sglang_eagle_overlap.core import GrammarStep
 from sglang_eo_dev.helpers.native import native
 from tests.core.test_device_faults import start_job
+from sglang_eo_dev.helpers.steps import make_step
 
 
 class StandInDevices:
@@ -48,7 +49,7 @@ def _job(step: GrammarStep, event: NotingEvent, seed: int) -> None:
 
 def test_the_grammar_thread_waits_on_events_on_the_scheduler_threads_device():
     devices = StandInDevices(scheduler_device=3)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, devices=devices)
+    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, devices=devices)
     try:
         event = NotingEvent(devices)
         _job(step, event, seed=1)
@@ -74,7 +75,7 @@ def test_without_cuda_in_use_the_thread_sets_no_device():
             return None  # what CudaDevices answers while CUDA is not initialised
 
     devices = NoCuda(scheduler_device=0)
-    step = GrammarStep(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, devices=devices)
+    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=native, devices=devices)
     try:
         _job(step, NotingEvent(devices), seed=4)
         assert devices.sets == []

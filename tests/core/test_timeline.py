@@ -72,10 +72,10 @@ def test_writer_thread_flushes_without_an_explicit_call(tmp_path, monkeypatch):
 def test_singleton_is_created_from_the_first_path_given(monkeypatch, tmp_path):
     monkeypatch.setattr(T, "_singleton", [None])
     monkeypatch.setenv(T.TIMELINE_ENV, str(tmp_path / "ignored.json"))  # core reads no environment
-    assert not T.timeline(None).enabled
+    assert not T.process_timeline(None).enabled
     monkeypatch.setattr(T, "_singleton", [None])
-    first = T.timeline(str(tmp_path / "x.json"))
-    assert first.enabled and T.timeline(None) is first
+    first = T.process_timeline(str(tmp_path / "x.json"))
+    assert first.enabled and T.process_timeline(None) is first
 
 
 def test_sync_steps_put_the_advance_before_the_launch():

@@ -9,7 +9,9 @@ from typing import List
 import pytest
 import torch
 
-from sglang_eagle_overlap.core import HostTreeCopier, PendingTree
+from sglang_eagle_overlap.core import PendingTree
+
+from sglang_eagle_overlap.core.tree_copy import HostTreeCopier
 from sglang_eagle_overlap.core.tree_copy import MaskUploader
 from sglang_eo_dev.helpers.devices import CountingEvent
 

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from sglang_eagle_overlap.core import TreeMaskBuilder
+from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.integration.requests import mask_request_for
 from sglang_eo_dev.cpu_runtime import faults, stats
 from sglang_eo_dev.helpers import grammars as G

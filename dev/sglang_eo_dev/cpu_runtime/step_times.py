@@ -438,14 +438,15 @@ _REGIONS_0_5_23 = (
 # its callers reach through the module's globals).
 _KERNELS = (("sglang.srt.model_executor.forward_batch_info", "compute_position_torch"),)
 # Instrumentation inside a region, not counted: the plugin's stats-file write.
-_EXCLUDED = ("sglang_eagle_overlap.core.step", "GrammarStep", "write_stats")
+_EXCLUDED = ("sglang_eagle_overlap.core.telemetry", "StepTelemetry", "write_stats")
 # --breakdown: the plugin's functions on the scheduler thread, each timed whole (engine-agnostic core, then the band's
 # entry points and the integration helpers it calls per step)
 _BREAKDOWN_CORE = tuple(("sglang_eagle_overlap.core." + m, cls, fn) for m, cls, fn in (
     ("step", "GrammarStep", "copy_tree"), ("step", "GrammarStep", "start_build"),
     ("step", "GrammarStep", "finish_build"), ("step", "GrammarStep", "_collect"),
-    ("step", "GrammarStep", "_join"), ("step", "GrammarStep", "_complete"), ("step", "GrammarStep", "report"),
-    ("step", "GrammarStep", "write_stats"), ("step", "_GrammarThread", "submit"), ("step", "_GrammarThread", "result"),
+    ("step", "GrammarStep", "_join"), ("step", "GrammarStep", "_complete"),
+    ("telemetry", "StepTelemetry", "report"), ("telemetry", "StepTelemetry", "write_stats"),
+    ("step", "_GrammarThread", "submit"), ("step", "_GrammarThread", "result"),
     ("ledger", "LedgerPlan", "add_rows"), ("ledger", "LedgerPlan", "fill"), ("mask", "TreeMaskBuilder", "prepare"),
     ("mask", "TreeMaskBuilder", "finish"), ("mask", "TreeMaskBuilder", "native_result")))
 _BREAKDOWN_0_5_16 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_16.band", fn, None) for fn in (

@@ -52,12 +52,12 @@ def _batch_has_grammar(forward_batch: Any) -> bool:
 
 
 def install(scheduler: Any, version: tuple) -> None:
-    from sglang_eagle_overlap.core.timeline import TIMELINE_ENV, timeline
+    from sglang_eagle_overlap.core.timeline import TIMELINE_ENV, process_timeline
 
     if not os.environ.get(TIMELINE_ENV) or _installed[0]:
         return
     _installed[0] = True
-    tl = timeline(os.environ[TIMELINE_ENV])
+    tl = process_timeline(os.environ[TIMELINE_ENV])
     tl.meta.update({"sglang": ".".join(map(str, version)), "product_plugin": _product_active()})
     stock = not _product_active()
     clock = time.perf_counter

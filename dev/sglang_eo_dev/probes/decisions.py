@@ -197,7 +197,7 @@ def main(mode: str, version: str) -> Dict[str, Any]:
     ensure_sglang_importable()
     import sglang
 
-    from sglang_eagle_overlap.core import COUNTERS
+    from sglang_eagle_overlap.core.stats import COUNTERS
 
     v016 = version == "0.5.16"
     verify016 = _Verify016() if v016 else None
@@ -261,17 +261,17 @@ def main(mode: str, version: str) -> Dict[str, Any]:
         limit = rt.step.builder.time_limit_s
         rt.step.builder.time_limit_s = 1e-12
         try:
-            before = rt.step.stats.mask_timeouts
+            before = rt.step.telemetry.stats.mask_timeouts
             _mask_023([req], nxt, sib, tok)
-            facts["eagle_tree_limited"] = rt.step.stats.mask_timeouts > before
-            before = rt.step.stats.mask_timeouts
+            facts["eagle_tree_limited"] = rt.step.telemetry.stats.mask_timeouts > before
+            before = rt.step.telemetry.stats.mask_timeouts
             chain = _mask_023([req], nxt, sib, tok[:, :4], chain=True)
-            facts["chain_exact"] = rt.step.stats.mask_timeouts == before and chain["mask"] is not None
+            facts["chain_exact"] = rt.step.telemetry.stats.mask_timeouts == before and chain["mask"] is not None
         finally:
             rt.step.builder.time_limit_s = limit
 
     # What the plugin counted for all of the above (None where no plugin runs).
-    snap = rt.step.snapshot() if rt is not None else None
+    snap = rt.step.telemetry.snapshot() if rt is not None else None
     facts["counters"] = None if snap is None else {name: snap[name] for name in COUNTERS}
     facts["mask_timeouts"] = None if snap is None else snap["mask_timeouts"]
     return facts

@@ -57,7 +57,7 @@ def main(expected_root: str) -> dict:
     }
     rt = grammar_overlap.runtime()
     band = grammar_overlap.band
-    counters = rt.step.stats.counters
+    counters = rt.step.telemetry.stats.counters
     rng = random.Random(0)
 
     # -- 1. the overlap decision ------------------------------------------------------------------------------

@@ -15,15 +15,15 @@ EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar stay 
    runs it), then the SGLang side: abort failed requests alone, ``verify_input.grammar``, clear the extend stage's
    ``sampling_info.vocab_mask``.
 4. Post-processing ``_accept_grammar_tokens`` / ``_apply_prefill_grammar`` -> :func:`accept_tokens` /
-   :func:`accept_prefill_token`: replay what 2-3 fed (``GrammarStep.replay_kept``, one call per request), or feed it
+   :func:`accept_prefill_token`: replay what 2-3 fed (``GrammarStep.replay_whole``, one call per request), or feed it
    now, with SGLang's retained-run and abort semantics
    (:func:`~sglang_eagle_overlap.integration.requests.accept_run`).
 
 From "the verify result arrives" to ``accept_token``: the barrier (:func:`advance_queued_results`) ->
-``requests.result_rows`` -> ``requests.advance_rows_later`` -> ``GrammarStep.advance_later`` -> ``LedgerPlan.add_rows``
+``requests.result_rows`` -> ``requests.advance_rows_later`` -> ``GrammarStep.feed_later`` -> ``LedgerPlan.add_rows``
 (checks at once; a fresh run through a bare xgrammar matcher queued by row, its tokens read in C++ by the build's
 native call, ``LedgerPlan.fill`` records the outcomes and ``record_on_xgrammar`` SGLang's own record); a run the
-barrier did not see (post-processing first: :func:`accept_tokens` -> ``accept_run`` -> ``GrammarStep.advance_many``)
+barrier did not see (post-processing first: :func:`accept_tokens` -> ``accept_run`` -> ``GrammarStep.feed``)
 is fed at once through the same ledger, ``grammar.accept_token`` for grammar objects other than ``XGrammarGrammar``.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from sglang_eagle_overlap import support
-from sglang_eagle_overlap.core.step import MaskJob
+from sglang_eagle_overlap.core import MaskJob
 from sglang_eagle_overlap.integration import drafts
 from sglang_eagle_overlap.integration.requests import (
     accept_run,
@@ -162,7 +162,7 @@ def announce_stand_aside(rt: Runtime, batch: Any) -> None:
         rt.announced.add(name)
         rt.step.count("stand_aside_algorithms")
         logger.info(support.stand_aside_message(BAND, name))
-        rt.step.write_stats()
+        rt.step.telemetry.write_stats()
 
 
 # -- worker side (run_eagle_verify) ---------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def advance_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] 
     """The barrier: feed the results still in ``queue`` to their grammars exactly as post-processing will (same rows
     skipped: finished / retracted / still-chunked; same output positions, ``len(req.output_ids)`` before the run is
     appended). Called as a mask build's barrier, the runs are fed by that build, with its tree walk, in one native
-    call (``GrammarStep.advance_later``); called on its own, at once. Returns the tokens fed by this call (0 when the
+    call (``GrammarStep.feed_later``); called on its own, at once. Returns the tokens fed by this call (0 when the
     build feeds them; replays feed nothing)."""
     step = rt.step
     if not queue:
@@ -258,7 +258,7 @@ def accept_tokens(rt: Runtime, req: Any, tokens: Any) -> List[int]:
     case -- the barrier fed this run and it was kept whole -- is answered in one call (once per request and step)."""
     toks = (tokens,) if isinstance(tokens, int) else tokens
     start = len(req.output_ids)
-    kept = rt.step.replay_kept(str(req.rid), start, toks)
+    kept = rt.step.replay_whole(str(req.rid), start, toks)
     return kept if kept is not None else accept_run(rt.step, req, start, toks)
 
 

@@ -16,7 +16,7 @@ replaces the three pieces that are slow or not exactly-once there:
 
 From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` (SGLang's barrier inside the verify,
 then its post-processing, answered by ``result.grammar_advanced``) -> ``requests.result_rows`` ->
-``requests.advance_rows_later`` -> ``GrammarStep.advance_later``: inside a build's barrier, ``LedgerPlan.add_rows``
+``requests.advance_rows_later`` -> ``GrammarStep.feed_later``: inside a build's barrier, ``LedgerPlan.add_rows``
 checks every run at once and queues the fresh ones through a bare xgrammar matcher by row (their tokens read in C++
 by the build's one native call; ``LedgerPlan.fill`` records the outcomes, ``record_on_xgrammar`` SGLang's own record of
 ``XGrammarGrammar``); anywhere else, fed at once through the same ledger (``grammar.accept_token`` for other grammar
@@ -31,10 +31,8 @@ from typing import Any, Callable, List, Optional, Set, Tuple
 import torch
 from torch.types import Device
 
-from sglang_eagle_overlap.core.step import MaskJob
-from sglang_eagle_overlap.core.tree_copy import PendingTree
+from sglang_eagle_overlap.core import FeedOutcome, MaskJob, PendingTree, RowRun
 from sglang_eagle_overlap.integration import drafts, runtime
-from sglang_eagle_overlap.core.ledger import AdvanceOutcome
 from sglang_eagle_overlap.integration.requests import (advance_rows_later, kept_run, mask_requests, result_rows,
                                                       settle_mask)
 from sglang_eagle_overlap.integration.runtime import Runtime
@@ -199,11 +197,11 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     step = rt.step
     reqs = batch.reqs
 
-    def done(outcomes: List[AdvanceOutcome]) -> None:
+    def done(outcomes: List[FeedOutcome]) -> None:
         # the run each request keeps, by batch row, in one pass (a rejection aborts its request alone)
         retained: List[Optional[List[int]]] = [None] * len(reqs)
         for row, o in zip(rows, outcomes):
-            retained[row[4]] = kept_run(step, reqs[row[4]], o)
+            retained[row.row] = kept_run(step, reqs[row.row], o)
         if is_decode:
             result.grammar_retained_tokens = retained
         # Only a decode result says which requests are live: its batch is SGLang's running batch. A prefill batch
@@ -220,10 +218,10 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     advance_rows_later(step, rows, runs, done, count_replays=True)
 
 
-def live_keys(batch: Any, rows: List[Any]) -> Set[str]:
+def live_keys(batch: Any, rows: List[RowRun]) -> Set[str]:
     """The ledger keys a decode result keeps: its rows' and every constrained request of its batch (also those whose
     run the result does not commit, e.g. a retracted one). Finished requests are forgotten by the prune itself."""
-    live = {str(row[0]) for row in rows}
+    live = {str(row.key) for row in rows}
     live.update(str(req.rid) for req in batch.reqs if getattr(req, "grammar", None) is not None)
     return live
 
