@@ -171,10 +171,10 @@ class FillClock:
 def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill_clock=None):
     from sglang_eagle_overlap.integration.requests import mask_request_for
     from sglang_eagle_overlap.core.ledger import AcceptLedger
-    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
+    from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 
     ledger = AcceptLedger()
-    builder = TreeMaskBuilder(strategy=strategy, threads=threads)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=threads)
     reqs = [SimpleNamespace(grammar=g, rid=f"r{i}", finished=lambda: False)
             for i, g in enumerate(_grammars(grammar, vocab, plan, bs))]
     pos = [plan.starts[i] for i in range(bs)]

@@ -43,15 +43,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "dev"))
 
-from sglang_eagle_overlap.core.timeline import (  # noqa: E402
-    GRAMMAR_PHASES,
-    TIMELINE_ENV,
-    group_steps,
-    load_events,
-    median_or_none,
-    step_periods,
-)
+from sglang_eagle_overlap.core.timeline import GRAMMAR_PHASES, TIMELINE_ENV  # noqa: E402
+from sglang_eo_dev.timeline_events import group_steps, load_events, median_or_none, step_periods  # noqa: E402
 
 PATHS = {  # (sglang minor band, plugin) -> plot label
     ("0.5.16", False): "SGLang 0.5.16, no plugin (forced sync)",

@@ -19,11 +19,13 @@ Strategies (``MaskStrategy``):
   round the pending fills of *all* requests go to one ``BatchGrammarMatcher.batch_fill_next_token_bitmask`` call,
   which runs them on C++ threads. xgrammar's per-request ``traverse_draft_tree`` holds the GIL, so Python threads
   cannot parallelise it; this can.
-* ``"native"`` -- per-request ``GrammarMatcher.traverse_draft_tree`` (C++ DFS, one thread), rejected rows restored.
-* ``"python"`` -- the generic walk through the host's grammar object API, used for grammars that are not xgrammar
-  (llguidance, outlines) whatever the strategy.
 * ``"auto"`` -- ``lockstep`` (measured fastest or on par at every shape of ``benchmarks/bench_grammar_step.py``,
   with one or more threads).
+
+Grammars that are not xgrammar (llguidance, outlines) take the generic walk through the host's grammar object API
+whatever the strategy. The strategies the product never chooses (xgrammar's per-request ``traverse_draft_tree``, and
+the generic walk for every request) live with the dev tools that compare them (``sglang_eo_dev.helpers.strategies``),
+as a subclass overriding :meth:`TreeMaskBuilder._walk_xgrammar`.
 
 With the plugin's native module (``TreeMaskBuilder(native=...)``, :mod:`sglang_eagle_overlap.core.native`), the
 lockstep walk runs as one C++ call per build, with the previous batch's waiting runs (``feeds``, a ledger plan) fed in
@@ -82,7 +84,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MaskStrategy = Literal["auto", "lockstep", "native", "python"]
+MaskStrategy = Literal["auto", "lockstep"]
 
 
 class HostGrammar(Protocol):
@@ -211,8 +213,8 @@ class TreeMaskBuilder:
         clock: Callable[[], float] = time.perf_counter,
         native: Optional[NativeGrammar] = None,
     ) -> None:
-        if strategy not in ("auto", "lockstep", "native", "python"):
-            raise ValueError(f"unknown mask strategy {strategy!r}; expected one of auto, lockstep, native, python")
+        if strategy not in ("auto", "lockstep"):
+            raise ValueError(f"unknown mask strategy {strategy!r}; expected auto or lockstep")
         self.threads = threads if threads is not None else 1  # the plugin passes Settings.mask_threads
         if strategy == "auto":
             strategy = "lockstep"
@@ -483,24 +485,18 @@ class TreeMaskBuilder:
                 generic = generic + failed
         elif native:
             lists = _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
-            if self.strategy == "lockstep":
-                self._ensure_batch_matchers()
+            self._walk_setup()
             if forced is not None:
                 forced.begin(bs * n)
             deadline = None if limit is None else clock() + limit
             try:
-                if self.strategy == "lockstep":
-                    nxt, sib, tok = lists
-                    result.valid_nodes += self._lockstep(requests, native, nxt, sib, tok, n, vocab_size, mask,
-                                                         deadline, result.timed_out, forced, written)
-                elif self.strategy == "native":
-                    for i in native:
-                        written.extend(range(i * n, (i + 1) * n))
-                    result.valid_nodes += self._native(requests, native, retrieve_next_token, retrieve_next_sibling,
-                                                       draft_tokens.reshape(bs, n), n, vocab_size, mask, deadline,
-                                                       result.timed_out)
-                else:
+                valid = self._walk_xgrammar(requests, native, lists, (retrieve_next_token, retrieve_next_sibling,
+                                                                       draft_tokens), n, vocab_size, mask, deadline,
+                                            result.timed_out, forced, written)
+                if valid is None:
                     generic = generic + native
+                else:
+                    result.valid_nodes += valid
             except Exception as exc:  # one matcher broke the batched walk: find it with the per-request walk
                 logger.warning("sglang-eagle-overlap: %s tree mask build failed (%s: %s); rebuilding request by "
                                "request", self.strategy, type(exc).__name__, exc)
@@ -547,57 +543,23 @@ class TreeMaskBuilder:
         result.build_s = time.perf_counter() - plan.t0
         return result
 
-    # -- strategies ----------------------------------------------------------------------------------------------
-    def _native(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt_t: torch.Tensor, sib_t: torch.Tensor,
-                tok_t: torch.Tensor, n: int, vocab_size: int, mask: torch.Tensor, deadline: Optional[float],
-                timed_out: List[int]) -> int:
-        nxt_t = nxt_t.to(torch.int64).contiguous()
-        sib_t = sib_t.to(torch.int64).contiguous()
-        tok_t = tok_t.to(torch.int64).contiguous()
-        # Out-of-vocabulary draft tokens are invalid; xgrammar would read past the bitmask row for them.
-        oov = (tok_t < 0) | (tok_t >= vocab_size)
-        if bool(oov.any()):
-            tok_t = tok_t.masked_fill(oov, 0)
-            oov_any = oov.any(dim=1).tolist()
-        else:
-            oov_any = None
-        valid = 0
-        for i in rows:
-            matcher = _native_matcher(requests[i])
-            block = mask[i * n : (i + 1) * n]
-            # Every row of the block is written below (the caller counts them all as this build's: the deferred
-            # reset skips them), so the paths that fill only some rows start from all-allowed.
-            if matcher.is_terminated():
-                _fill_all_allowed(block)
-                continue
-            if oov_any is not None and oov_any[i]:
-                # Rare: fall back to the exact walk for this request.
-                _fill_all_allowed(block)
-                v, done = _walk_request(requests[i], nxt_t[i].tolist(), sib_t[i].tolist(),
-                                        tok_t[i].masked_fill(oov[i], -1).tolist(), vocab_size, mask, i * n, deadline,
-                                        self.clock)
-                valid += v
-                if not done:
-                    timed_out.append(i)
-                continue
-            limit = -1.0 if deadline is None else max(deadline - self.clock(), 1e-6)
-            block_np = block.numpy()
-            # Start from zero rows: xgrammar writes the rows of the nodes it reaches and zeroes rejected ones, so a
-            # row still zero afterwards is a node that got no mask (rejected, terminating, unreached or padding).
-            block_np.fill(0)
-            done = matcher.traverse_draft_tree(nxt_t[i], sib_t[i], tok_t[i], block, limit)
-            # Restore SGLang's all-allowed rows for all of those.
-            zero = ~block_np.any(axis=1)
-            nzero = int(zero.sum())
-            if nzero:
-                block_np[zero] = -1
-            valid += n - nzero
-            if not done:
-                # Keep the exact root row, drop everything else (see module docstring).
-                _fill_all_allowed(block)
-                matcher.fill_next_token_bitmask(block, 0)
-                timed_out.append(i)
-        return valid
+    # -- the walk of plain xgrammar matchers ----------------------------------------------------------------------
+    def _walk_setup(self) -> None:
+        """One-time set-up of :meth:`_walk_xgrammar`, before the time limit's deadline is taken (the lockstep walk's
+        batch matchers)."""
+        self._ensure_batch_matchers()
+
+    def _walk_xgrammar(self, requests: Sequence[MaskRequest], rows: Sequence[int],
+                       lists: Tuple[List[List[int]], List[List[int]], List[List[int]]],
+                       tensors: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], n: int, vocab_size: int,
+                       mask: torch.Tensor, deadline: Optional[float], timed_out: List[int],
+                       forced: Optional[ForcedDrafts], written: List[int]) -> Optional[int]:
+        """Walk ``rows`` (requests with a plain xgrammar matcher) in Python, the tree as lists (``lists``) and as the
+        caller's tensors (``tensors``): the lockstep walk. Returns the valid nodes, or None to hand the rows to the
+        generic walk instead (a subclass's choice). Rows it may leave other than all-allowed go into ``written``."""
+        nxt, sib, tok = lists
+        return self._lockstep(requests, rows, nxt, sib, tok, n, vocab_size, mask, deadline, timed_out, forced,
+                              written)
 
     def _lockstep(self, requests: Sequence[MaskRequest], rows: Sequence[int], nxt: Sequence[Sequence[int]],
                   sib: Sequence[Sequence[int]], tok: Sequence[Sequence[int]], n: int, vocab_size: int,

@@ -236,18 +236,6 @@ class NativeGrammar:
                           written=values[d:], errors=_errors(messages) if values[2] else {}, reset=values[1],
                           run_lens=values[b:c], run_tokens=values[c:d])
 
-    def feed_runs(self, handles: Sequence[Any], runs: Sequence[Sequence[int]],
-                  live: Sequence[bool]) -> StepResult:
-        """:meth:`step_batch` without a walk: ``runs[k]`` fed to ``handles[k]``'s matcher. ``StepResult.feeds`` holds
-        ``retained, state`` per run, state one of ``FED``, ``TERMINATED``, ``REJECTED``, ``TERMINATED_BEFORE``,
-        ``FEED_ERROR`` (its message in ``errors``; ``retained`` tokens were consumed before it) or ``NOT_FED`` (an
-        earlier run of the same matcher failed)."""
-        packed: List[int] = []
-        for run, lv in zip(runs, live):
-            packed += (1 if lv else 0, -1, len(run))
-            packed.extend(run)
-        return self.step_batch(handles, packed, (), (), (), None, None, None, None, 0, None)
-
 
 class StepResult(NamedTuple):
     """What :meth:`NativeGrammar.step_batch` hands back (immutable; a named tuple: one is made per step, and a frozen

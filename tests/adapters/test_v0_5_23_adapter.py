@@ -217,11 +217,11 @@ def test_mask_equals_upstream_generate_token_bitmask(topk, steps):
 def test_mask_timeout_neutralises_drafts(active_state):
     from sglang_eagle_overlap.adapters.v0_5_23.build_grammar_vocab_mask import build_grammar_vocab_mask_around
     from sglang_eagle_overlap.adapters.v0_5_23.band import PluginGrammarTree
-    from sglang_eagle_overlap.core.mask import TreeMaskBuilder
+    from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 
     reqs, (nxt, sib, tok), n = _tree_batch(7, 2, 4, 3)
     saved = active_state.step._builder
-    active_state.step._builder = TreeMaskBuilder(strategy="native", time_limit_s=1e-12)
+    active_state.step._builder = StrategyMaskBuilder(strategy="native", time_limit_s=1e-12)
     try:
         draft = tok.clone().reshape(-1)  # flat, like EagleVerifyInput.draft_token
         before = active_state.step.telemetry.stats.mask_timeouts

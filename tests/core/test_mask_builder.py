@@ -21,6 +21,7 @@ from sglang_eagle_overlap.core import MaskRequest
 
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.core import mask as mask_mod
+from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.clocks import FakeTime
 from sglang_eo_dev.helpers.native import native
@@ -40,8 +41,8 @@ def _reference() -> torch.Tensor:
 
 def test_auto_strategy_is_lockstep():
     assert TreeMaskBuilder().strategy == "lockstep"
-    assert TreeMaskBuilder(strategy="auto").strategy == "lockstep"
-    assert TreeMaskBuilder(strategy="native").strategy == "native"
+    assert StrategyMaskBuilder(strategy="auto").strategy == "lockstep"
+    assert StrategyMaskBuilder(strategy="native").strategy == "native"
 
 
 def test_empty_batch_builds_nothing():
@@ -53,7 +54,7 @@ def test_empty_batch_builds_nothing():
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_one_builder_follows_the_vocabulary_width(strategy):
     """The reused host buffer is regrown when the row width changes (another model's vocabulary)."""
-    builder = TreeMaskBuilder(strategy=strategy, threads=1)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1)
     for vocab in (32000, 128000, 32000):
         matchers = [G.matcher("nested", vocab) for _ in range(2)]
         nxt = torch.tensor([[1, -1], [1, -1]])
@@ -61,7 +62,7 @@ def test_one_builder_follows_the_vocabulary_width(strategy):
         tok = torch.tensor([[0, 90], [0, 5]])
         got = builder.build(_reqs(matchers), nxt, sib, tok, vocab)
         assert tuple(got.bitmask.shape) == (4, bitmask_width(vocab))
-        fresh = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, vocab)
+        fresh = StrategyMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, vocab)
         assert torch.equal(got.bitmask, fresh.bitmask)
         assert torch.equal(got.bitmask[0], G.next_token_bitmask(matchers[0], vocab)[0])
     assert builder.allocations == 3
@@ -89,12 +90,12 @@ def test_buffer_grows_to_a_power_of_two_and_is_reused():
 def test_caller_buffer_receives_the_mask(strategy):
     matchers, nxt, sib, tok = _setup()
     out = torch.zeros((3 * N + 2, bitmask_width(VOCAB)), dtype=torch.int32)
-    got = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB, out=out)
+    got = StrategyMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB, out=out)
     assert got.bitmask.data_ptr() == out.data_ptr() and got.bitmask.shape[0] == 3 * N
     assert torch.equal(out[: 3 * N], _reference())
     assert bool((out[3 * N :] == 0).all())  # rows past the batch are not the builder's
     exact = torch.zeros((3 * N, bitmask_width(VOCAB)), dtype=torch.int32)  # exactly the rows needed is enough
-    TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(_setup()[0]), nxt, sib, tok, VOCAB, out=exact)
+    StrategyMaskBuilder(strategy=strategy, threads=1).build(_reqs(_setup()[0]), nxt, sib, tok, VOCAB, out=exact)
     assert torch.equal(exact, _reference())
 
 
@@ -113,7 +114,7 @@ def test_caller_buffer_is_checked(shape, dtype):
 @pytest.mark.parametrize("strategy", ["lockstep", "python"])  # their walks check the limit between nodes
 def test_time_limit_is_logged_with_the_request(strategy, caplog):
     matchers, nxt, sib, tok = _setup()
-    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=1e-9)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1, time_limit_s=1e-9)
     reqs = _reqs(matchers)
     reqs[1] = dataclasses.replace(reqs[1], request_id="")  # a request without an id is named by its row
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
@@ -137,11 +138,11 @@ def test_without_time_limit_nothing_times_out():
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_failure_is_logged_with_the_request_and_counted_once(strategy, caplog):
     matchers, nxt, sib, tok = _setup()
-    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    clean = StrategyMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
     reqs = _reqs(matchers)
     reqs[1] = MaskRequest(grammar=BrokenGrammar(matchers[1], ok_fills=0), request_id="bad-1")
     with caplog.at_level(logging.ERROR, logger="sglang_eagle_overlap.core.mask"):
-        got = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+        got = StrategyMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
     assert got.failed == [(1, "RuntimeError: boom: broken grammar backend")]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors == ["sglang-eagle-overlap: grammar of request bad-1 raised during the tree mask build: "
@@ -159,11 +160,11 @@ def test_batched_walk_broken_by_one_matcher_is_redone_exactly(strategy, caplog):
     """After the batched walk failed, the per-request rebuild starts from scratch: no row, valid-node count or
     time-limit report of the failed batched attempt survives."""
     matchers, nxt, sib, tok = _setup()
-    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    clean = StrategyMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
     reqs = _reqs(matchers)
     reqs[1] = MaskRequest(matcher=NotAMatcher(), request_id="corrupt")
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
-        got = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+        got = StrategyMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
     assert [i for i, _ in got.failed] == [1] and got.timed_out == []
     assert got.valid_nodes == clean.valid_nodes - _valid_rows(clean.bitmask[N : 2 * N])
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -206,7 +207,7 @@ def test_host_grammar_rejecting_on_accept_makes_an_invalid_node():
     nxt = torch.tensor([[1, 3, -1, -1, -1]])
     sib = torch.tensor([[-1, 2, -1, 4, -1]])
     tok = torch.tensor([[0, 11, 12, 13, 14]])
-    got = TreeMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
+    got = StrategyMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
     rows = got.bitmask
     assert [bool((rows[i] == -2).all()) for i in range(N)] == [True, False, True, False, False]
     assert [bool((rows[i] == -1).all()) for i in range(N)] == [False, True, False, True, True]
@@ -241,7 +242,7 @@ def test_build_time_is_the_time_spent_inside_the_call(strategy, with_native, mon
     not see) the build took 0.25 s per host fill."""
     clock = FakeTime()
     monkeypatch.setattr(mask_mod, "time", clock)
-    builder = TreeMaskBuilder(strategy=strategy, threads=1, clock=clock.perf_counter,
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1, clock=clock.perf_counter,
                               native=native() if with_native else None)
     nxt = torch.tensor([[1, 3, -1, -1, -1], [1, -1, -1, -1, -1]])
     sib = torch.tensor([[-1, 2, -1, -1, -1], [-1, -1, -1, -1, -1]])
@@ -283,7 +284,7 @@ def test_shape_errors_name_the_tensors():
         TreeMaskBuilder().build(reqs, nxt, sib, tok.reshape(-1)[:14], VOCAB)
     with pytest.raises(ValueError, match=r"^unknown mask strategy 'fast'; expected one of auto, lockstep, native, "
                                          r"python$"):
-        TreeMaskBuilder(strategy="fast")  # type: ignore[arg-type]
+        StrategyMaskBuilder(strategy="fast")  # type: ignore[arg-type]
 
 
 class Clock:
@@ -320,7 +321,7 @@ def test_time_limit_warning_gives_the_limit(strategy, limit, shown, monkeypatch,
     """The warning gives the limit in ms (a zero limit is one too); ``timeouts`` counts over the builder's builds."""
     matchers, nxt, sib, tok = _setup()
     # every reading is a second later: the limit is hit
-    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit, clock=Clock(tick=1.0).perf_counter)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit, clock=Clock(tick=1.0).perf_counter)
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
         got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert sorted(got.timed_out) == [0, 1, 2] and builder.timeouts == 3
@@ -341,7 +342,7 @@ def test_time_limit_after_some_rows_were_built_resets_them(strategy, limit, monk
     root rows stay exact, and every matcher is back at its entry state."""
     matchers, nxt, sib, tok = _setup()
     before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
-    builder = TreeMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit, clock=Clock(tick=1.0).perf_counter)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1, time_limit_s=limit, clock=Clock(tick=1.0).perf_counter)
     got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert sorted(got.timed_out) == [0, 1, 2]
     assert got.valid_nodes > 3  # rows past the roots were really built before the limit hit
@@ -358,7 +359,7 @@ def test_int32_tree_tensors_give_the_same_mask(strategy, caplog):
     the strategy's own path (xgrammar's native walk takes int64 only: no failed attempt and per-request rebuild)."""
     matchers, nxt, sib, tok = _setup()
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
-        got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+        got = StrategyMaskBuilder(strategy=strategy, threads=1).build(
             _reqs(matchers), nxt.to(torch.int32), sib.to(torch.int32), tok.to(torch.int32), VOCAB)
     assert torch.equal(got.bitmask, _reference()) and got.failed == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
@@ -372,9 +373,9 @@ def test_out_of_vocabulary_drafts_stay_on_the_native_path(caplog):
     tok[0, 2] = -1  # a root child
     tok[1, 4] = VOCAB + 3  # a grandchild
     tok[2, 1] = VOCAB  # the true continuation itself
-    exact = TreeMaskBuilder(strategy="python").build(_reqs(_setup()[0]), nxt, sib, tok, VOCAB)
+    exact = StrategyMaskBuilder(strategy="python").build(_reqs(_setup()[0]), nxt, sib, tok, VOCAB)
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
-        got = TreeMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+        got = StrategyMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert torch.equal(got.bitmask, exact.bitmask) and got.valid_nodes == exact.valid_nodes
     for row in (2, N + 4, 2 * N + 1, 2 * N + 3):  # the invalid nodes (and the child of one)
@@ -421,11 +422,11 @@ def test_native_walk_gets_the_time_left_as_xgrammars_threshold():
     """The native strategy gives xgrammar's ``traverse_draft_tree`` the time left until the deadline (on the builder's
     clock); without a time limit a threshold <= 0, which xgrammar reads as none."""
     matchers, nxt, sib, tok = _setup(NativeWalkSpy)
-    got = TreeMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+    got = StrategyMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert torch.equal(got.bitmask, _reference())
     assert [len(m.thresholds) for m in matchers] == [1, 1, 1] and all(m.thresholds[0] <= 0 for m in matchers)
     matchers, nxt, sib, tok = _setup(NativeWalkSpy)
-    builder = TreeMaskBuilder(strategy="native", threads=1, time_limit_s=30.0, clock=Clock().perf_counter)
+    builder = StrategyMaskBuilder(strategy="native", threads=1, time_limit_s=30.0, clock=Clock().perf_counter)
     got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert torch.equal(got.bitmask, _reference()) and got.timed_out == []
     assert [m.thresholds for m in matchers] == [[30.0]] * 3  # the clock is frozen: the whole limit is left
@@ -438,7 +439,7 @@ def test_native_walk_timed_out_by_xgrammar_keeps_the_root_row_only(caplog):
     matchers, nxt, sib, tok = _setup(NativeWalkSpy)
     matchers[1].report_timeout = True
     before = [G.next_token_bitmask(m, VOCAB) for m in matchers]
-    builder = TreeMaskBuilder(strategy="native", threads=1, time_limit_s=30.0, clock=Clock().perf_counter)
+    builder = StrategyMaskBuilder(strategy="native", threads=1, time_limit_s=30.0, clock=Clock().perf_counter)
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
         got = builder.build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert got.timed_out == [1] and builder.timeouts == 1 and got.failed == []
@@ -458,7 +459,7 @@ def test_native_walk_broken_by_one_matcher_is_redone_with_exact_rows(caplog):
     matchers, nxt, sib, tok = _setup(NativeWalkSpy)
     matchers[2].fail = True
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
-        got = TreeMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
+        got = StrategyMaskBuilder(strategy="native", threads=1).build(_reqs(matchers), nxt, sib, tok, VOCAB)
     assert got.failed == [] and got.timed_out == [] and matchers[2].thresholds  # it failed where intended
     ref = _reference()
     assert bool((ref[2 * N :] == -1).all(dim=1).any())  # request 2 has rows the exact walk leaves all-allowed
@@ -493,7 +494,7 @@ def test_a_node_is_valid_only_if_its_parents_row_allows_its_token():
     nxt = torch.tensor([[1, -1, -1]])
     sib = torch.tensor([[-1, 2, -1]])
     tok = torch.tensor([[0, 5, 6]])
-    got = TreeMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
+    got = StrategyMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
     assert [bool(torch.equal(got.bitmask[i], g.row)) for i in range(3)] == [True, True, False]
     assert bool((got.bitmask[2] == -1).all()) and got.valid_nodes == 2
     assert g.accepted == [5] and g.depth == 0
@@ -506,7 +507,7 @@ def test_host_grammar_rejecting_after_a_rollback_leaves_the_walk_consistent():
     nxt = torch.tensor([[1, 3, -1, -1, -1]])
     sib = torch.tensor([[-1, 2, 4, -1, -1]])
     tok = torch.tensor([[0, 11, 12, 13, 14]])
-    got = TreeMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
+    got = StrategyMaskBuilder(strategy="python").build([MaskRequest(grammar=g)], nxt, sib, tok, 64)
     assert got.failed == [] and got.valid_nodes == 4 and g.depth == 0
     assert [bool((got.bitmask[i] == -2).all()) for i in range(N)] == [True, True, False, True, True]
     assert bool((got.bitmask[2] == -1).all())
@@ -542,7 +543,7 @@ def test_token_zero_is_an_ordinary_token(strategy):
     nxt = torch.tensor([[1, 3, -1, -1]])
     sib = torch.tensor([[-1, 2, -1, -1]])
     tok = torch.tensor([[a, bang, b, bang]])
-    got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+    got = StrategyMaskBuilder(strategy=strategy, threads=1).build(
         [MaskRequest(matcher=_tiny_matcher([a]))], nxt, sib, tok, len(TINY_VOCAB))
     want = torch.stack([_tiny_row(p) for p in ([a], [a, bang], [a, b], [a, bang, bang])])
     assert torch.equal(got.bitmask, want) and got.valid_nodes == 4
@@ -556,7 +557,7 @@ def test_a_root_without_drafts_fills_its_root_row_only(strategy):
     nxt = torch.tensor([[1, 3, -1, -1], [-1, -1, -1, -1]])
     sib = torch.tensor([[-1, 2, -1, -1], [-1, -1, -1, -1]])
     tok = torch.tensor([[a, bang, b, bang], [a, b, b, b]])
-    got = TreeMaskBuilder(strategy=strategy, threads=1).build(
+    got = StrategyMaskBuilder(strategy=strategy, threads=1).build(
         [MaskRequest(matcher=_tiny_matcher([a])), MaskRequest(matcher=_tiny_matcher([a]))], nxt, sib, tok,
         len(TINY_VOCAB))
     want = torch.stack([_tiny_row(p) for p in ([a], [a, bang], [a, b], [a, bang, bang])])
@@ -598,10 +599,10 @@ SEQUENCE = [  # (rows of _setup's batch, index of a failing row): grows, shrinks
 def test_reused_buffer_equals_a_fresh_builders_after_every_build(strategy):
     """One builder through builds of changing batches (rows freed, fewer and more rows, a failing request): every mask
     equals a fresh builder's, so no row the sparse reset skipped keeps a word of an earlier build."""
-    builder = TreeMaskBuilder(strategy=strategy, threads=1)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1)
     for pick, broken in SEQUENCE:
         got = builder.build(*_batch(pick, broken), VOCAB)
-        want = TreeMaskBuilder(strategy=strategy, threads=1).build(*_batch(pick, broken), VOCAB)
+        want = StrategyMaskBuilder(strategy=strategy, threads=1).build(*_batch(pick, broken), VOCAB)
         assert [i for i, _ in got.failed] == [i for i, _ in want.failed]
         if want.bitmask is None:
             assert got.bitmask is None
@@ -660,7 +661,7 @@ def test_reused_buffer_is_exact_when_a_request_terminated_or_has_out_of_vocabula
     leaves behind are all-allowed, though the same rows held masks in the previous build."""
     import random as _random
 
-    builder = TreeMaskBuilder(strategy=strategy, threads=1)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=1)
     builder.build(*_batch([0, 1, 2]), VOCAB)
     matchers, nxt, sib, tok = _setup()
     doc = list(G.doc_tokens("regex", _random.Random(9), VOCAB))
@@ -670,7 +671,7 @@ def test_reused_buffer_is_exact_when_a_request_terminated_or_has_out_of_vocabula
     oov[2, 1] = VOCAB + 5  # the main path's first node: its subtree, filled last build, is not reached
     for toks in (tok, oov):
         got = builder.build(_reqs(matchers), nxt, sib, toks, VOCAB)
-        want = TreeMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, toks, VOCAB)
+        want = StrategyMaskBuilder(strategy=strategy, threads=1).build(_reqs(matchers), nxt, sib, toks, VOCAB)
         assert torch.equal(got.bitmask, want.bitmask)
         assert bool((got.bitmask[N : 2 * N] == -1).all())
         builder.build(*_batch([0, 1, 2]), VOCAB)  # the next round starts from a full set of written rows again

@@ -31,6 +31,7 @@ import xgrammar as xgr
 
 from sglang_eagle_overlap.integration.requests import mask_request_for
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder, neutralize_timed_out_drafts
+from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
@@ -47,7 +48,7 @@ CONFIGS = [(s, t) for s in ("lockstep", "lockstep+cxx", "native", "python") for 
 def make_builder(strategy: str, threads: int, **kw) -> TreeMaskBuilder:
     if strategy == "lockstep+cxx":
         return TreeMaskBuilder(strategy="lockstep", threads=threads, native=native(), **kw)
-    return TreeMaskBuilder(strategy=strategy, threads=threads, **kw)
+    return StrategyMaskBuilder(strategy=strategy, threads=threads, **kw)
 SHAPES = [(1, 3, 4), (1, 5, 6), (4, 3, 8), (4, 4, 13), (8, 5, 41), (8, 5, 64)]
 
 
@@ -333,6 +334,6 @@ def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match="retrieve_next_sibling"):
         TreeMaskBuilder(strategy="lockstep").build(reqs, sc.nxt, sc.sib[:, :3], sc.tok, sc.vocab)
     with pytest.raises(ValueError, match="draft_tokens"):
-        TreeMaskBuilder(strategy="native").build(reqs, sc.nxt, sc.sib, sc.tok[:, :3], sc.vocab)
+        StrategyMaskBuilder(strategy="native").build(reqs, sc.nxt, sc.sib, sc.tok[:, :3], sc.vocab)
     with pytest.raises(ValueError, match="strategy"):
-        TreeMaskBuilder(strategy="bogus")  # type: ignore[arg-type]
+        StrategyMaskBuilder(strategy="bogus")  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from sglang_eagle_overlap.core import MaskRequest
 
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core import mask as mask_mod
+from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 from sglang_eo_dev.helpers import grammars as G
 
 VOCAB = 32000
@@ -93,12 +94,12 @@ def _setup(cls=None):
 def test_raising_grammar_fails_only_its_request(strategy, ok_fills):
     matchers, nxt, sib, tok = _setup()
     before = [G.next_token_bitmask(m, VOCAB).clone() for m in matchers]
-    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(
+    clean = StrategyMaskBuilder(strategy=strategy, threads=1).build(
         [MaskRequest(matcher=m) for m in matchers], nxt, sib, tok, VOCAB).bitmask.clone()
     broken = BrokenGrammar(matchers[1], ok_fills)
     reqs = [MaskRequest(matcher=matchers[0], request_id="a"), MaskRequest(grammar=broken, request_id="b"),
             MaskRequest(matcher=matchers[2], request_id="c")]
-    out = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+    out = StrategyMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
     assert [i for i, _ in out.failed] == [1] and "boom: broken grammar backend" in out.failed[0][1]
     assert torch.equal(out.bitmask[N : 2 * N], torch.full_like(out.bitmask[N : 2 * N], -1))
     assert torch.equal(out.bitmask[:N], clean[:N]) and torch.equal(out.bitmask[2 * N :], clean[2 * N :])
@@ -111,10 +112,10 @@ def test_raising_grammar_fails_only_its_request(strategy, ok_fills):
 def test_matcher_breaking_the_batched_walk_is_isolated(strategy):
     matchers, nxt, sib, tok = _setup()
     before = [G.next_token_bitmask(m, VOCAB).clone() for m in matchers]
-    clean = TreeMaskBuilder(strategy=strategy, threads=1).build(
+    clean = StrategyMaskBuilder(strategy=strategy, threads=1).build(
         [MaskRequest(matcher=m) for m in matchers], nxt, sib, tok, VOCAB).bitmask.clone()
     reqs = [MaskRequest(matcher=matchers[0]), MaskRequest(matcher=NotAMatcher()), MaskRequest(matcher=matchers[2])]
-    out = TreeMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
+    out = StrategyMaskBuilder(strategy=strategy, threads=1).build(reqs, nxt, sib, tok, VOCAB)
     assert [i for i, _ in out.failed] == [1], out.failed
     assert torch.equal(out.bitmask[:N], clean[:N]) and torch.equal(out.bitmask[2 * N :], clean[2 * N :])
     assert torch.equal(out.bitmask[N : 2 * N], torch.full_like(out.bitmask[N : 2 * N], -1))

@@ -22,6 +22,7 @@ from sglang_eagle_overlap.core import MaskRequest
 
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core import mask as mask_mod
+from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.trees import eagle_tree, num_draft_tokens, stack_trees
 
@@ -98,7 +99,7 @@ def test_the_limit_is_measured_on_the_injected_clock():
     want = _exact(reqs, nxt, sib, tok)
     n = nxt.shape[1]
     for strategy in ("lockstep", "python"):
-        builder = TreeMaskBuilder(strategy=strategy, time_limit_s=LIMIT_S, clock=Clock(tick=0.6 * LIMIT_S))
+        builder = StrategyMaskBuilder(strategy=strategy, time_limit_s=LIMIT_S, clock=Clock(tick=0.6 * LIMIT_S))
         result = builder.build(reqs, nxt, sib, tok, VOCAB)
         assert sorted(result.timed_out) == [0, 1, 2] and builder.timeouts == 3, (strategy, result.timed_out)
         for i in range(3):
@@ -106,7 +107,7 @@ def test_the_limit_is_measured_on_the_injected_clock():
             assert torch.equal(rows[0], want[i * n]), (strategy, i)
             assert bool((rows[1:] == -1).all()), (strategy, i)
         # A clock that never moves never expires, whatever the real time: the mask is exact.
-        frozen = TreeMaskBuilder(strategy=strategy, time_limit_s=0.0, clock=Clock())
+        frozen = StrategyMaskBuilder(strategy=strategy, time_limit_s=0.0, clock=Clock())
         result = frozen.build(reqs, nxt, sib, tok, VOCAB)
         assert result.timed_out == [] and torch.equal(result.bitmask, want), strategy
 
@@ -136,10 +137,10 @@ def test_native_out_of_vocabulary_fallback_keeps_the_injected_clock(caplog):
     want = _exact(reqs, nxt, sib, tok)
     n = nxt.shape[1]
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
-        frozen = TreeMaskBuilder(strategy="native", time_limit_s=0.0, clock=Clock())
+        frozen = StrategyMaskBuilder(strategy="native", time_limit_s=0.0, clock=Clock())
         result = frozen.build(reqs, nxt, sib, tok, VOCAB)
         assert result.timed_out == [] and torch.equal(result.bitmask, want)
-        builder = TreeMaskBuilder(strategy="native", time_limit_s=LIMIT_S, clock=Clock(tick=0.6 * LIMIT_S))
+        builder = StrategyMaskBuilder(strategy="native", time_limit_s=LIMIT_S, clock=Clock(tick=0.6 * LIMIT_S))
         result = builder.build(reqs, nxt, sib, tok, VOCAB)
     assert sorted(result.timed_out) == [0, 1, 2] and builder.timeouts == 3 and result.failed == []
     for i in range(3):

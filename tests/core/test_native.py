@@ -14,8 +14,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from sglang_eagle_overlap.core import RowRun, Run
-from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest, RowRun, Run
 
 from sglang_eagle_overlap.core.ledger import AcceptLedger
 
@@ -23,7 +22,7 @@ from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core.native import NativeUnavailable, build_native, load_native
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import DeviceTensor, result_runs
-from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.native import feed_runs, native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
 from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
 from sglang_eo_dev.helpers.steps import feed_one, make_step
@@ -317,7 +316,7 @@ def test_one_fused_call_equals_the_feed_then_the_walk(threads):
     k = len(runs)
     a, b = fresh(), fresh()
     live = [False] * k
-    fed = nat.feed_runs(nat.handles(a), runs, live)
+    fed = feed_runs(nat, nat.handles(a), runs, live)
     want_mask = _mask(k, n)
     want = nat.step_batch((), (), (), nat.handles(a), list(range(k)), nxt, sib, tok, want_mask, VOCAB, None)
     for _ in range(2):
@@ -347,7 +346,7 @@ def test_runs_read_from_a_results_tensors_equal_packed_runs():
         ids[i * stride : i * stride + len(run)] = torch.tensor(run)
         lens[i] = len(run)
     runs = [run[:stride] for run in runs]
-    want = nat.feed_runs(nat.handles(fresh()), runs, [False] * len(runs))
+    want = feed_runs(nat, nat.handles(fresh()), runs, [False] * len(runs))
     for dtype in (torch.int64, torch.int32):
         ms = fresh()
         packed = [x for i in range(len(runs)) for x in (0, 0, i)]
@@ -358,7 +357,7 @@ def test_runs_read_from_a_results_tensors_equal_packed_runs():
         assert list(got.run_lens) == [len(run) for run in runs] == list(want.run_lens)
         assert list(got.run_tokens) == [t for run in runs for t in run] == list(want.run_tokens)
     prefill = torch.tensor([run[0] for run in runs], dtype=torch.int64)
-    first = nat.feed_runs(nat.handles(fresh()), [run[:1] for run in runs], [False] * len(runs))
+    first = feed_runs(nat, nat.handles(fresh()), [run[:1] for run in runs], [False] * len(runs))
     got = nat.step_batch(nat.handles(fresh()), [x for i in range(len(runs)) for x in (0, 0, i)],
                          [(prefill, None, 1)], (), (), None, None, None, None, 0, None)
     assert tuple(got.feeds) == tuple(first.feeds)

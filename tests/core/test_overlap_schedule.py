@@ -56,6 +56,7 @@ from sglang_eagle_overlap.core.ledger import AcceptLedger
 
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eagle_overlap.core.ledger import ResultRuns
+from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
 from sglang_eo_dev.helpers.grammars import next_token_bitmask
 from sglang_eo_dev.helpers.native import native
 from sglang_eo_dev.helpers.trees import Tree, eagle_tree, stack_trees
@@ -481,6 +482,6 @@ def test_the_plugins_step_equals_synchronous(compiled, thread):
 
 @pytest.mark.parametrize("strategy", ["lockstep", "native", "python"])
 def test_overlapped_equals_synchronous(compiled, strategy):
-    builder = TreeMaskBuilder(strategy=strategy, threads=2)
+    builder = StrategyMaskBuilder(strategy=strategy, threads=2)
     _check_schedules(compiled, strategy, SCHEDULES[strategy],
                      lambda params, ev: run_schedule(compiled, params, builder, ev))

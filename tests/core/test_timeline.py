@@ -13,6 +13,7 @@ import json
 import pytest
 
 from sglang_eagle_overlap.core import timeline as T
+from sglang_eo_dev import timeline_events as E
 
 
 def _sync_step(L: float, bs: int = 4):
@@ -53,7 +54,7 @@ def test_ring_buffer_is_bounded_and_counts_drops(tmp_path):
     assert tl.flush()
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["dropped"] == 2 and len(data["events"]) == 3
-    assert T.load_events(str(tmp_path / "t.json")) == tl.events()
+    assert E.load_events(str(tmp_path / "t.json")) == tl.events()
 
 
 def test_writer_thread_flushes_without_an_explicit_call(tmp_path, monkeypatch):
@@ -66,7 +67,7 @@ def test_writer_thread_flushes_without_an_explicit_call(tmp_path, monkeypatch):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not path.exists():
         time.sleep(0.01)
-    assert T.load_events(str(path)) == [("sample", 1.0, 1.0, 2, True)]
+    assert E.load_events(str(path)) == [("sample", 1.0, 1.0, 2, True)]
 
 
 def test_singleton_is_created_from_the_first_path_given(monkeypatch, tmp_path):
@@ -80,7 +81,7 @@ def test_singleton_is_created_from_the_first_path_given(monkeypatch, tmp_path):
 
 def test_sync_steps_put_the_advance_before_the_launch():
     events = _sync_step(10.0) + _sync_step(10.02)
-    steps = T.group_steps(events)
+    steps = E.group_steps(events)
     assert len(steps) == 2
     s = steps[0]
     assert s["bs"] == 4
@@ -94,7 +95,7 @@ def test_sync_steps_put_the_advance_before_the_launch():
 
 
 def test_overlap_steps_keep_phases_after_the_launch_and_the_tree_copy_point():
-    steps = T.group_steps(_overlap_step(5.0, bs=8) + _overlap_step(5.05, bs=8))
+    steps = E.group_steps(_overlap_step(5.0, bs=8) + _overlap_step(5.05, bs=8))
     s = steps[1]
     assert s["tree_copy"] == pytest.approx(-0.5)
     assert s["phases"]["advance"] == [pytest.approx([10.0, 11.0])]
@@ -106,22 +107,22 @@ def test_unconstrained_forwards_do_not_make_steps_and_give_free_periods():
     free = [("forward", 1.0 + 0.01 * i, 1.005 + 0.01 * i, 4, False) for i in range(4)]
     free += [("step", 0.9, 0.95, 4, False)]
     events = free + _overlap_step(2.0)
-    assert len(T.group_steps(events)) == 1
-    periods = T.step_periods(events, grammar=False)
+    assert len(E.group_steps(events)) == 1
+    periods = E.step_periods(events, grammar=False)
     assert list(periods) == [4] and periods[4] == pytest.approx([10.0, 10.0, 10.0])
     # grammar forwards of another bs never pair with each other
-    assert T.step_periods(_overlap_step(3.0, bs=2) + _overlap_step(3.1, bs=4), grammar=True) == {}
+    assert E.step_periods(_overlap_step(3.0, bs=2) + _overlap_step(3.1, bs=4), grammar=True) == {}
 
 
 def test_a_sample_without_its_forward_drops_the_orphan_phases():
     events = [("advance", 1.0, 1.1, 0, True), ("sample", 1.2, 1.2, 1, True)] + _overlap_step(2.0)
-    steps = T.group_steps(events)
+    steps = E.group_steps(events)
     assert len(steps) == 1 and steps[0]["phases"]["advance"] == [pytest.approx([10.0, 11.0])]
 
 
 def test_mask_apply_after_the_sample_belongs_to_the_step_before():
     events = _overlap_step(1.0) + [("mask_apply", 1.0123, 1.0125, 0, True)] + _overlap_step(1.05)
-    steps = T.group_steps(events)
+    steps = E.group_steps(events)
     assert steps[0]["phases"]["mask_apply"] == [pytest.approx([12.3, 12.5])]
     assert steps[0]["apply_ms"] == pytest.approx(0.2) and steps[0]["grammar_ms"] == pytest.approx(2.2)
     assert "mask_apply" not in steps[1]["phases"] and steps[1]["apply_ms"] == 0.0

@@ -10,7 +10,8 @@ import re
 import pytest
 import requests
 
-from sglang_eagle_overlap.core.timeline import GRAMMAR_PHASES, TIMELINE_ENV, group_steps, load_events
+from sglang_eagle_overlap.core.timeline import GRAMMAR_PHASES, TIMELINE_ENV
+from sglang_eo_dev.timeline_events import group_steps, load_events
 from sglang_eo_dev.cpu_runtime.engine import EngineConfig, launch_server
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_DOCUMENT, FOLLOWER_SCHEMA
 
