@@ -1,8 +1,9 @@
 """One grammar-constrained verify step, engine-agnostic: the object every SGLang integration drives.
 
-:class:`GrammarStep` owns the verify tree's host copier, the exactly-once accept ledger, the tree-mask builder and the
-instrumentation (stats, timeline, forward-ready probe, Prometheus). One lives in each worker process; the host
-integration (hooks or a patched SGLang) only translates its objects into these calls.
+:class:`GrammarStep` owns the verify tree's host copier, the exactly-once accept ledger and the tree-mask builder; it
+is given its :class:`StepConfig` and its parts: the instrumentation (:class:`StepTelemetry`: stats, timeline,
+forward-ready probe, Prometheus, stats file), the forced drafts and the native module's loader. One lives in each
+worker process; the host integration (hooks or a patched SGLang) only translates its objects into these calls.
 
 Call order of one verify step (the host's scheduler thread)::
 

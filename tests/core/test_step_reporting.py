@@ -231,7 +231,7 @@ def test_close_joins_the_open_job_and_a_later_job_starts_a_new_thread():
     assert step._thread is None and step.ledger.tokens_fed == 1
 
 
-def test_was_advanced_and_count_go_through_to_the_ledger_and_stats():
+def test_a_fed_run_and_count_go_through_to_the_ledger_and_stats():
     step = make_step(mask_threads=1)
     g = Recorder()
     assert was_fed(step, "r", 3) is False
