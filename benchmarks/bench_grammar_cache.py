@@ -128,7 +128,7 @@ def _child(spec: str, bs: int, steps: int, mode: str) -> Dict[str, float]:
         if band_name == "v0_5_23":
             band.advance_grammar_fsm(rt, result, batch)
         else:
-            band.advance_queued_results(rt, [(batch, result)], reqs)
+            band.feed_queued_results(rt, [(batch, result)], reqs)
         t1 = time.perf_counter()
         builder.build(requests, nxt, sib, draft, VOCAB)
         t2 = time.perf_counter()

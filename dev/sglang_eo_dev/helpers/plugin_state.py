@@ -1,0 +1,28 @@
+"""Test-side handles on the plugin's process state: switch an activated runtime back to pass-through, and feed one
+request's run the way the product's barrier and post-processing do (``requests.ledger_run`` with SGLang's
+``XGrammarGrammar`` record kept), returning the raw ledger outcome a test can compare."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sglang_eagle_overlap.core.ledger import AdvanceOutcome
+from sglang_eagle_overlap.core.step import GrammarStep
+from sglang_eagle_overlap.integration import runtime
+from sglang_eagle_overlap.integration.requests import ledger_run, record_on_xgrammar
+
+__all__ = ["deactivate", "feed_request"]
+
+
+def deactivate() -> None:
+    """Back to pass-through: this process's runtime (if any) is switched off; ``BandAdapter.activate`` switches it on
+    again."""
+    rt = runtime.current()
+    if rt is not None:
+        rt.active = False
+
+
+def feed_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> AdvanceOutcome:
+    """``req``'s run ``tokens`` at output position ``start`` through ``step``'s ledger, exactly once (a replay when
+    it was fed already), as the bands feed it: through the bare xgrammar matcher for SGLang's ``XGrammarGrammar``."""
+    return step.advance_many((ledger_run(req, start, tokens),), record_on_xgrammar)[0]
