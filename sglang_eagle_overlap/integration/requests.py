@@ -249,8 +249,8 @@ def result_rows(batch: Any, result: Any, finished: Optional[List[str]] = None
     i * stride + accept_lens[i]]``, a prefill row's the one token ``next_token_ids[i]``), or None when it commits
     none: no result tokens, an idle batch, neither decode nor extend, or a decode result without accept lengths
     (whether the batch holds a grammar at all, each band asks first, in its own terms). Does not wait for the result's
-    host copy: ``ResultRuns`` carries its event (``copy_done``). Both bands' barrier loop (``Band.feed_results``) reads a
-    result through this, so they skip and slice the same rows."""
+    host copy: ``ResultRuns`` carries its event (``copy_done``). Both bands' barrier loop (``Band.feed_results``)
+    reads a result through this, so they skip and slice the same rows."""
     reqs = getattr(batch, "reqs", None) or []
     mode = batch.forward_mode
     if result is None or result.next_token_ids is None or mode.is_idle():

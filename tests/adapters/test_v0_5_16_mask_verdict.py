@@ -38,32 +38,32 @@ def _batch(*grammars: Any) -> Any:
 
 
 def test_the_verify_entry_takes_the_overlap_decisions_verdict_once(looks: List[Any]) -> None:
-    rt = band.Band016(cast(Any, None))  # the verdict reads no step
+    b = band.Band016(cast(Any, None))  # the verdict reads no step
     batch = _batch(XGrammarGrammar(), None)
-    assert rt.mask_verdict(batch, keep=True) is True
-    assert rt.mask_verdict(batch) is True  # the verify entry: taken, not looked at again
-    assert looks == [batch] and rt.verdict is None
-    assert rt.mask_verdict(batch) is True  # taken once: a second verify looks again
+    assert b.mask_verdict(batch, keep=True) is True
+    assert b.mask_verdict(batch) is True  # the verify entry: taken, not looked at again
+    assert looks == [batch] and b.verdict is None
+    assert b.mask_verdict(batch) is True  # taken once: a second verify looks again
     assert looks == [batch, batch]
 
 
 def test_a_verdict_is_not_taken_for_another_request_list_or_a_grown_one(looks: List[Any]) -> None:
-    rt = band.Band016(cast(Any, None))  # the verdict reads no step
+    b = band.Band016(cast(Any, None))  # the verdict reads no step
     ok = _batch(XGrammarGrammar())
-    assert rt.mask_verdict(ok, keep=True) is True
+    assert b.mask_verdict(ok, keep=True) is True
     other = _batch(OtherBackendGrammar())  # a filtered batch: a new request list
-    assert rt.mask_verdict(other) is False
-    assert rt.mask_verdict(ok, keep=True) is True
+    assert b.mask_verdict(other) is False
+    assert b.mask_verdict(ok, keep=True) is True
     ok.reqs.append(SimpleNamespace(grammar=OtherBackendGrammar()))  # merged in place: the same list, longer
-    assert rt.mask_verdict(ok) is False
+    assert b.mask_verdict(ok) is False
     assert looks == [ok, other, ok, ok]
 
 
 def test_the_overlap_decision_always_looks(looks: List[Any]) -> None:
-    rt = band.Band016(cast(Any, None))  # the verdict reads no step
+    b = band.Band016(cast(Any, None))  # the verdict reads no step
     batch = _batch(XGrammarGrammar())
-    rt.mask_verdict(batch, keep=True)
+    b.mask_verdict(batch, keep=True)
     batch.reqs[0].grammar = OtherBackendGrammar()
-    assert rt.mask_verdict(batch, keep=True) is False  # the next step's decision: looked at, not reused
-    assert rt.mask_verdict(batch) is False
+    assert b.mask_verdict(batch, keep=True) is False  # the next step's decision: looked at, not reused
+    assert b.mask_verdict(batch) is False
     assert len(looks) == 2

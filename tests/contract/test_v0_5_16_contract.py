@@ -328,6 +328,7 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
 
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
+    from sglang_eo_dev.helpers.plugin_state import feed_results
 
     step = _step()
     doc = _doc(5)
@@ -350,7 +351,7 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     def fed():
         return [g.accepted_tokens for g in (a.grammar, b.grammar, c.grammar, d.grammar, e.grammar)]
 
-    assert band.feed_queued_results(rt, sched.result_queue) == 3
+    assert feed_results(band.band_of(rt), sched.result_queue) == 3
     want = [doc[:3], doc[:1], doc[:1], doc[:1], []]
     assert fed() == want
     # Post-processing of the same results replays, feeding nothing.
@@ -360,13 +361,13 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     assert fed() == want and a.to_finish is None and d.to_finish is None
     # A second barrier over the same queue (e.g. two verifies before processing) feeds nothing either.
     del d.output_ids[:]
-    assert band.feed_queued_results(rt, sched.result_queue) == 0 and fed() == want
+    assert feed_results(band.band_of(rt), sched.result_queue) == 0 and fed() == want
     for key in ("b-A", "b-D"):
         step.ledger.forget(key)
 
 
 def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, monkeypatch):
-    """One verify result through the barrier (the next verify's ``feed_queued_results``), then through SGLang's own
+    """One verify result through the barrier (the next verify's ``Band.feed_results``), then through SGLang's own
     ``_resolve_spec_v2_tokens``, the loop that calls the hooked ``_accept_grammar_tokens`` once per request: A's run
     was fed whole (replayed), B's drafted past the grammar's end (cut after the terminating token), C's was rejected
     after its first token (aborted, its valid prefix kept), D is retracted and E unconstrained (neither asked). Every
@@ -378,6 +379,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
 
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
+    from sglang_eo_dev.helpers.plugin_state import feed_results
 
     step = _step()
     doc = _doc(6)
@@ -390,7 +392,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
     # has_grammar False: the overlap loop hands post-processing a copy of the batch without that flag
     batch = types.SimpleNamespace(reqs=[a, b, c, d, e], forward_mode=ForwardMode.DECODE, has_grammar=False)
     result = verify_result(runs, 4)
-    assert band.feed_queued_results(runtime.active(), [(batch, result)]) == 3 + 2 + 1
+    assert feed_results(band.band_of(runtime.active()), [(batch, result)]) == 3 + 2 + 1
     replays = step.stats.counters["replays"]
     asked = []
     ask = SchedulerBatchResultProcessor._accept_grammar_tokens  # the hooked method, wrapped to see the loop's asks

@@ -35,6 +35,7 @@ def _processor(brp, speculative_algorithm):
 
 def main(expected_root: str) -> dict:
     from sglang_eo_dev.helpers.grammars import ensure_sglang_importable
+    from sglang_eo_dev.helpers.plugin_state import feed_results
 
     ensure_sglang_importable()
     import sglang
@@ -183,7 +184,7 @@ def main(expected_root: str) -> dict:
                                  speculative_num_draft_tokens=None, copy_done=None)
     queue.clear()
     queue.append((ext_batch, ext_result))
-    fed = band.feed_queued_results(rt, queue, [req])
+    fed = feed_results(band.band_of(rt), queue, [req])
     req.output_ids.append(doc[0])  # post-processing appends, then applies the grammar
     eagle_proc._apply_prefill_grammar(req=req, next_token_id=doc[0])
     facts["prefill_fed_once"] = fed == 1 and req.grammar.accepted_tokens == [doc[0]] and req.to_finish is None

@@ -66,7 +66,6 @@ __all__ = [
     "build_vocab_mask",
     "can_mask",
     "feed_prefill_token",
-    "feed_queued_results",
     "feed_tokens",
     "is_eagle_family",
     "is_eagle_server",
@@ -260,14 +259,6 @@ def build_vocab_mask(rt: Runtime, verify: InFlight, verify_input: Any, batch: An
         verify.job, batch.reqs, batch.sampling_info, device=verify_input.retrieve_next_token.device,
         draft_device=verify_input.draft_token, verify_input=verify_input)
     return mask
-
-
-def feed_queued_results(rt: Runtime, queue: Any, current_reqs: Sequence[Any] = ()) -> int:
-    """``Band.feed_results`` of the results still in ``queue`` on their own (not as a build's barrier: fed at once).
-    Returns the tokens fed by this call (replays feed nothing)."""
-    fed_before = rt.step.tokens_fed
-    band_of(rt).feed_results(queue, current_reqs)
-    return rt.step.tokens_fed - fed_before
 
 
 # -- post-processing ------------------------------------------------------------------------------------------------
