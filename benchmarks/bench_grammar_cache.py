@@ -9,7 +9,7 @@ it stops touching (``swept``).
 
 What one step is (bs requests, as in ``bench_scheduler_budget.py``): the previous step's result (one accepted token
 per request, the random pair's accept length) through the installed band's barrier (0.5.23:
-``band.advance_grammar_fsm``; 0.5.16: ``band.advance_queued_results``), then ``TreeMaskBuilder.build`` of an EAGLE3
+``band.advance_grammar_fsm``; 0.5.16: ``Band.feed_results``), then ``TreeMaskBuilder.build`` of an EAGLE3
 tree per request (topk 1: a 4-node chain; topk 4: 8 nodes) whose drafts are random tokens (as the random pair's), on
 ``BENCH_SCHEMA`` compiled as SGLang compiles it with ``constrained_json_disable_any_whitespace`` against the 128k
 byte-level BPE, every request at its own position of a valid document, within its first 15 tokens
@@ -128,7 +128,7 @@ def _child(spec: str, bs: int, steps: int, mode: str) -> Dict[str, float]:
         if band_name == "v0_5_23":
             band.advance_grammar_fsm(rt, result, batch)
         else:
-            band.advance_queued_results(rt, [(batch, result)], reqs)
+            band.band_of(rt).feed_results([(batch, result)], reqs)
         t1 = time.perf_counter()
         builder.build(requests, nxt, sib, draft, VOCAB)
         t2 = time.perf_counter()

@@ -111,13 +111,13 @@ EDITS: Dict[str, Dict[str, List[Edit]]] = {
              "    def _apply_prefill_grammar(self, *, req: Req, next_token_id: int) -> None:\n"
              "        rt = grammar_overlap.runtime()\n"
              "        if rt is not None and grammar_overlap.band.is_eagle_family(self.server_args):\n"
-             "            return grammar_overlap.band.accept_prefill_token(rt, req, next_token_id)\n"),
+             "            return grammar_overlap.band.feed_prefill_token(rt, req, next_token_id)\n"),
             ("        if isinstance(tokens, int):\n"
              "            tokens = [tokens]\n"
              "        retained = []\n",
              "        rt = grammar_overlap.runtime()\n"
              "        if rt is not None and grammar_overlap.band.is_eagle_family(self.server_args):\n"
-             "            return grammar_overlap.band.accept_tokens(rt, req, tokens)\n"
+             "            return grammar_overlap.band.feed_tokens(rt, req, tokens)\n"
              "        if isinstance(tokens, int):\n"
              "            tokens = [tokens]\n"
              "        retained = []\n"),

@@ -132,9 +132,3 @@ class BandAdapter:
         if rt is None:
             raise RuntimeError("sglang-eagle-overlap: no runtime to activate in this process (plugin.load() not run)")
         rt.active = True
-
-    def deactivate(self) -> None:
-        """For tests: back to pass-through."""
-        rt = runtime_mod.current()
-        if rt is not None:
-            rt.active = False

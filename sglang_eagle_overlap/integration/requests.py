@@ -15,31 +15,26 @@ Decided once for every integration (hooks and patched SGLang alike):
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from sglang_eagle_overlap.core import (FeedOutcome, GrammarStep, MaskBatch, MaskRequest, ResultRuns, RowRun, Run,
                                        StepMask)
 
 __all__ = [
     "abort_mask_failed",
-    "accept_run",
-    "accept_runs",
-    "advance_request",
-    "advance_requests",
-    "advance_rows_later",
     "algorithm_name",
     "committed_rows",
     "finish_with_error",
     "innermost_grammar",
     "is_xgrammar",
-    "kept_run",
-    "kept_runs",
+    "feed_run",
+    "kept_tokens",
+    "ledger_run",
     "mask_request_for",
     "mask_requests",
     "output_stride",
     "VIEW_ATTR",
     "record_on_xgrammar",
-    "RequestRun",
     "RequestView",
     "result_rows",
     "settle_mask",
@@ -167,84 +162,37 @@ def record_on_xgrammar(grammar: Any, outcome: FeedOutcome) -> None:
     grammar.accepted_tokens.extend(kept)
 
 
-# One committed run of a request: (req, output position of its first token, tokens).
-RequestRun = Tuple[Any, int, Sequence[int]]
+def ledger_run(req: Any, start: int, tokens: Sequence[int]) -> Run:
+    """The ledger's run for ``req``'s ``tokens`` at output position ``start``: keyed by request id, through the bare
+    xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself (``AcceptLedger``, "Native feed": fewer
+    native calls, no wrapper frame; the wrapper's own record is kept by :func:`record_on_xgrammar`), else through the
+    grammar object."""
+    grammar = req.grammar
+    return Run(key=str(req.rid), grammar=grammar, matcher=grammar.matcher if is_xgrammar(grammar) else None,
+               start=start, tokens=tokens)
 
 
-def _ledger_runs(rows: Sequence[RequestRun]) -> List[Run]:
-    """The ledger's runs for ``rows``: keyed by request id, through the bare xgrammar matcher when the grammar is
-    SGLang's ``XGrammarGrammar`` itself (``AcceptLedger``, "Native feed": fewer native calls, no wrapper frame; the
-    wrapper's own record is kept by :func:`record_on_xgrammar`), else through the grammar object."""
-    runs: List[Run] = []
-    for req, start, tokens in rows:
-        grammar = req.grammar
-        runs.append(Run(key=str(req.rid), grammar=grammar, matcher=grammar.matcher if is_xgrammar(grammar) else None,
-                        start=start, tokens=tokens))
-    return runs
-
-
-def advance_requests(step: GrammarStep, rows: Sequence[RequestRun]) -> List[FeedOutcome]:
-    """``step.feed`` of every row's run in one ledger call (a barrier: feeds, aborts nothing -- post-processing
-    replays the outcomes and aborts there). One outcome per row, in order."""
-    return step.feed(_ledger_runs(rows), record_on_xgrammar)
-
-
-def advance_rows_later(step: GrammarStep, rows: Sequence[RowRun], result: ResultRuns,
-                       on_done: Optional[Callable[[List[FeedOutcome]], None]] = None, *,
-                       count_replays: bool = False) -> None:
-    """The runs of ``rows`` (:func:`result_rows`) of ``result`` through ``GrammarStep.feed_later``: inside a mask
-    build's barrier they are queued without reading their tokens and fed by that build (with its tree walk, in one
-    native call), ``on_done`` getting the outcomes when the build is joined; elsewhere at once. ``on_done`` None
-    (0.5.16's barrier): no outcome is handed back, post-processing asks again and is answered from the ledger.
-    :func:`record_on_xgrammar` keeps SGLang's ``XGrammarGrammar`` record of runs fed to its bare matcher."""
-    step.feed_later(rows, result, on_done, record_on_xgrammar, count_replays=count_replays)
-
-
-def advance_request(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> FeedOutcome:
-    """:func:`advance_requests` of one run."""
-    return advance_requests(step, ((req, start, tokens),))[0]
-
-
-def accept_runs(step: GrammarStep, rows: Sequence[RequestRun]) -> List[List[int]]:
-    """Feed every row's run (``tokens`` that ``req`` committed at output position ``start``) to its grammar, exactly
-    once (replayed, and counted as ``replays``, if the verify barrier fed it already), and return the run each request
-    keeps (module docstring), in order. A rejected token aborts that request alone."""
-    return kept_runs(step, [row[0] for row in rows],
-                     step.feed(_ledger_runs(rows), record_on_xgrammar, count_replays=True))
-
-
-def kept_runs(step: GrammarStep, reqs: Sequence[Any], outcomes: Sequence[FeedOutcome]) -> List[List[int]]:
-    """The run each request keeps from its outcome (:func:`kept_run`), in order."""
-    return [kept_run(step, req, o) for req, o in zip(reqs, outcomes)]
-
-
-def kept_run(step: GrammarStep, req: Any, outcome: FeedOutcome) -> List[int]:
-    """The run ``req`` keeps from ``outcome`` (module docstring): the retained tokens, unless the grammar had already
-    terminated (then the first token); a rejection aborts ``req`` alone (once, counted)."""
-    if outcome.error is None and (outcome.retained or not outcome.terminated):
-        return list(outcome.retained)
-    return _kept(step, req, outcome.tokens, outcome)
-
-
-def accept_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
-    """:func:`accept_runs` of one run; a run the barrier already fed is answered from the ledger directly
-    (``GrammarStep.replay``: post-processing asks once per request, and that is the common case)."""
+def feed_run(step: GrammarStep, req: Any, start: int, tokens: Sequence[int]) -> List[int]:
+    """Feed ``tokens`` (committed by ``req`` at output position ``start``) to its grammar exactly once and return the
+    tokens ``req`` keeps (module docstring): replayed from the ledger when a barrier fed the run already
+    (``GrammarStep.replay``, counted as ``replays``), else fed now. A rejected token aborts that request alone."""
     o = step.replay(str(req.rid), start, tokens)
     if o is None:
-        return accept_runs(step, ((req, start, [int(t) for t in tokens]),))[0]
-    return kept_run(step, req, o)
+        o = step.feed((ledger_run(req, start, [int(t) for t in tokens]),), record_on_xgrammar, count_replays=True)[0]
+    return kept_tokens(step, req, o)
 
 
-def _kept(step: GrammarStep, req: Any, tokens: Sequence[int], outcome: FeedOutcome) -> List[int]:
-    """The run ``req`` keeps from ``outcome`` (module docstring); a rejection aborts ``req`` (once, counted)."""
+def kept_tokens(step: GrammarStep, req: Any, outcome: FeedOutcome) -> List[int]:
+    """The tokens ``req`` keeps from ``outcome`` (module docstring): the retained ones, unless the grammar had already
+    terminated (then the first token); a rejection aborts ``req`` alone (once, counted as ``aborts``)."""
     if outcome.error is not None:
         if finish_with_error(req, f"Grammar accept_token failed: request {req.rid}: {outcome.error}"):
-            logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(tokens),
+            logger.error("Grammar accept_token failed for req %s with tokens %s: %s", req.rid, list(outcome.tokens),
                          outcome.error)
             step.count("aborts")
         return list(outcome.retained)
-    if not outcome.retained and outcome.terminated and tokens:
-        return [int(tokens[0])]
+    if not outcome.retained and outcome.terminated and outcome.tokens:
+        return [int(outcome.tokens[0])]
     return list(outcome.retained)
 
 
@@ -256,7 +204,7 @@ def abort_mask_failed(req: Any, error: str) -> None:
 
 
 def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[str]] = None) -> List[RowRun]:
-    """The ledger's :class:`~sglang_eagle_overlap.core.RowRun` for every row of a result whose run SGLang's
+    """The ledger's ``(key, grammar, start, matcher, row)`` for every row of a result whose run SGLang's
     post-processing will commit to a grammar: the request is constrained, not finished (SG#28986), not retracted,
     and -- for a prefill result (one token per row) -- not a chunk that did not finish its prompt. Keyed by request id
     at output position ``len(req.output_ids)`` (the result is not yet appended); through the bare xgrammar matcher
@@ -300,8 +248,8 @@ def result_rows(batch: Any, result: Any, finished: Optional[List[str]] = None
     i * stride + accept_lens[i]]``, a prefill row's the one token ``next_token_ids[i]``), or None when it commits
     none: no result tokens, an idle batch, neither decode nor extend, or a decode result without accept lengths
     (whether the batch holds a grammar at all, each band asks first, in its own terms). Does not wait for the result's
-    host copy: ``ResultRuns`` carries its event (``copy_done``). Both bands' barriers and 0.5.23's post-processing
-    advance read a result through this, so they skip and slice the same rows."""
+    host copy: ``ResultRuns`` carries its event (``copy_done``). Both bands' barrier loop (``Band.feed_results``)
+    reads a result through this, so they skip and slice the same rows."""
     reqs = getattr(batch, "reqs", None) or []
     mode = batch.forward_mode
     if result is None or result.next_token_ids is None or mode.is_idle():

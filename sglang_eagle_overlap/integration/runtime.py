@@ -12,15 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List, Optional, Set, Tuple, Union
+from typing import List, Optional, Set
 
 from sglang_eagle_overlap.core import (ForcedDrafts, GrammarStep, NativeGrammar, NativeUnavailable, StepConfig,
                                        StepTelemetry, load_native, process_timeline)
+from sglang_eagle_overlap.integration.band import Band
 from sglang_eagle_overlap.settings import Settings, SettingsError
-
-if TYPE_CHECKING:
-    from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import InFlight
-    from sglang_eagle_overlap.adapters.v0_5_23.band import VerifyContext
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
@@ -29,24 +26,17 @@ __all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "load
 
 @dataclass
 class Runtime:
-    """``active`` is set only once every hook landed (plugin) or by a patched SGLang; ``result_queue`` is the overlap
-    loop's queue of unprocessed (batch, result) pairs (0.5.16: the verify barrier advances what is still in it);
-    ``in_flight`` is the verify step between two hooks of the same ``run_eagle_verify`` call (0.5.16 hooks: the plugin-owned
-    step; 0.5.23 with the grammar thread: the batch and barrier handed to the tree constructor)."""
+    """``active`` is set only once every hook landed (plugin) or by a patched SGLang; ``band`` is the installed
+    SGLang band's :class:`~sglang_eagle_overlap.integration.band.Band` over ``step``, made by the band module at its
+    first call in this process (hooks and patched SGLang alike), holding that band's own state."""
 
     settings: Settings
     step: GrammarStep
     active: bool = False
-    result_queue: Any = None  # SGLang's own deque of (ScheduleBatch, result): Any (SGLang ships no types)
-    in_flight: Optional[Union[InFlight, VerifyContext]] = None
+    band: Optional[Band] = None
     origin: str = "plugin"
     announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
     forced_decided: bool = False  # forced drafts on "auto": kept or dropped at the first verify (drafts.before_verify)
-    # 0.5.16: whether the server's algorithm is one the band keeps, decided at the first ask per server_args object
-    eagle_server: Optional[Tuple[Any, bool]] = None
-    # 0.5.16: a batch's ``can_mask`` verdict, as (its request list, that list's length, verdict), handed from the
-    # scheduler's overlap decision to the same batch's verify entry (band.mask_verdict)
-    mask_verdict: Optional[Tuple[Any, int, bool]] = None
 
 
 _process: List[Optional[Runtime]] = [None]

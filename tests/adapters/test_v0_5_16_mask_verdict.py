@@ -1,10 +1,10 @@
-"""0.5.16: a batch's ``can_mask`` verdict is looked at once per step (``band.mask_verdict``): made by the scheduler's
+"""0.5.16: a batch's ``can_mask`` verdict is looked at once per step (``Band016.mask_verdict``): made by the scheduler's
 overlap decision, taken by the same batch's verify entry, and looked at again for any other batch."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, List
+from typing import Any, List, cast
 
 import pytest
 
@@ -38,32 +38,32 @@ def _batch(*grammars: Any) -> Any:
 
 
 def test_the_verify_entry_takes_the_overlap_decisions_verdict_once(looks: List[Any]) -> None:
-    rt: Any = SimpleNamespace(mask_verdict=None)
+    b = band.Band016(cast(Any, None))  # the verdict reads no step
     batch = _batch(XGrammarGrammar(), None)
-    assert band.mask_verdict(rt, batch, keep=True) is True
-    assert band.mask_verdict(rt, batch) is True  # the verify entry: taken, not looked at again
-    assert looks == [batch] and rt.mask_verdict is None
-    assert band.mask_verdict(rt, batch) is True  # taken once: a second verify looks again
+    assert b.mask_verdict(batch, keep=True) is True
+    assert b.mask_verdict(batch) is True  # the verify entry: taken, not looked at again
+    assert looks == [batch] and b.verdict is None
+    assert b.mask_verdict(batch) is True  # taken once: a second verify looks again
     assert looks == [batch, batch]
 
 
 def test_a_verdict_is_not_taken_for_another_request_list_or_a_grown_one(looks: List[Any]) -> None:
-    rt: Any = SimpleNamespace(mask_verdict=None)
+    b = band.Band016(cast(Any, None))  # the verdict reads no step
     ok = _batch(XGrammarGrammar())
-    assert band.mask_verdict(rt, ok, keep=True) is True
+    assert b.mask_verdict(ok, keep=True) is True
     other = _batch(OtherBackendGrammar())  # a filtered batch: a new request list
-    assert band.mask_verdict(rt, other) is False
-    assert band.mask_verdict(rt, ok, keep=True) is True
+    assert b.mask_verdict(other) is False
+    assert b.mask_verdict(ok, keep=True) is True
     ok.reqs.append(SimpleNamespace(grammar=OtherBackendGrammar()))  # merged in place: the same list, longer
-    assert band.mask_verdict(rt, ok) is False
+    assert b.mask_verdict(ok) is False
     assert looks == [ok, other, ok, ok]
 
 
 def test_the_overlap_decision_always_looks(looks: List[Any]) -> None:
-    rt: Any = SimpleNamespace(mask_verdict=None)
+    b = band.Band016(cast(Any, None))  # the verdict reads no step
     batch = _batch(XGrammarGrammar())
-    band.mask_verdict(rt, batch, keep=True)
+    b.mask_verdict(batch, keep=True)
     batch.reqs[0].grammar = OtherBackendGrammar()
-    assert band.mask_verdict(rt, batch, keep=True) is False  # the next step's decision: looked at, not reused
-    assert band.mask_verdict(rt, batch) is False
+    assert b.mask_verdict(batch, keep=True) is False  # the next step's decision: looked at, not reused
+    assert b.mask_verdict(batch) is False
     assert len(looks) == 2

@@ -78,4 +78,5 @@ def test_a_failing_before_verify_leaves_no_verify_context(active_state, monkeypa
     batch = SimpleNamespace(has_grammar=True, spec_info=None, reqs=[])
     with pytest.raises(RuntimeError, match="forced drafts failed"):
         run_eagle_verify.run_eagle_verify(lambda *a, **k: None, batch, grammar_barrier=lambda: None)
-    assert active_state.in_flight is None  # a later tree of another batch cannot pick up this batch's barrier
+    # a later tree of another batch cannot pick up this batch's barrier
+    assert band.band_of(active_state).in_flight is None

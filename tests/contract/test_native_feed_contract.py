@@ -1,5 +1,5 @@
 """Contract (both bands, the installed SGLang): a run the plugin feeds to the bare matcher of SGLang's real
-``XGrammarGrammar`` (``integration.requests.advance_request``: the ledger's native feed plus ``record_on_xgrammar``)
+``XGrammarGrammar`` (``plugin_state.feed_request``: the ledger's native feed plus ``record_on_xgrammar``)
 leaves that object as SGLang's own ``accept_token`` loop leaves it -- matcher state, ``accepted_tokens``,
 ``current_token`` -- for a plain run, a run the grammar terminates, a rejected token, and a run after termination.
 If SGLang's wrapper starts keeping other state, or stops being a matcher with two lists, this fails."""
@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from sglang_eagle_overlap.core.step import GrammarStep
-from sglang_eagle_overlap.integration.requests import accept_run, advance_request, is_xgrammar
+from sglang_eagle_overlap.integration.requests import feed_run, is_xgrammar
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.plugin_state import feed_request
 from sglang_eo_dev.helpers.steps import make_step
 
 VOCAB = 32000
@@ -64,17 +64,17 @@ def test_native_feed_leaves_sglangs_grammar_as_its_own_accept_would(case, monkey
     calls = []
     orig = type(ours).accept_token
     monkeypatch.setattr(type(ours), "accept_token", lambda self, t: (calls.append(t), orig(self, t))[1])
-    out = advance_request(make_step(), req, at, run)
+    out = feed_request(make_step(), req, at, run)
     assert calls == []  # the wrapper was not called: the matcher was fed directly
     assert _state(ours) == _state(theirs)
     assert (out.error is not None) == (case == "rejected")
     assert out.terminated == (case in ("terminates", "after_end"))
 
 
-def test_accept_run_keeps_the_rejected_requests_prefix_and_aborts_it():
+def test_feed_run_keeps_the_rejected_requests_prefix_and_aborts_it():
     doc = _doc()
     bad = next(t for t in range(VOCAB) if t not in doc)
     req = _req(G.sglang_grammar("regex", VOCAB, doc[:2]), doc[:2])
-    kept = accept_run(make_step(), req, 2, [doc[2], bad])
+    kept = feed_run(make_step(), req, 2, [doc[2], bad])
     assert kept == [doc[2]] and req.grammar.accepted_tokens == doc[:3] and req.grammar.current_token == bad
     assert req.to_finish is not None and "Grammar accept_token failed" in req.to_finish.message

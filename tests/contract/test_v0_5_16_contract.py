@@ -61,12 +61,13 @@ def adapter():
 
     plugin = importlib.reload(plugin)
     from sglang_eagle_overlap.adapters.v0_5_16 import ADAPTER
+    from sglang_eo_dev.helpers.plugin_state import deactivate
 
-    ADAPTER.deactivate()
+    deactivate()
     plugin.load()
     assert plugin.is_active(), "plugin did not activate on the installed SGLang 0.5.16"
     yield ADAPTER
-    ADAPTER.deactivate()  # later tests in this process see SGLang's own behaviour again
+    deactivate()  # later tests in this process see SGLang's own behaviour again
 
 
 def _hook_for(target):
@@ -211,7 +212,9 @@ def test_is_disable_overlap_drops_only_grammar_sync(adapter):
     assert batch.has_grammar is True  # restored
     # Not an EAGLE-family algorithm: upstream's decision stands.
     assert Scheduler.is_disable_overlap_for_batch(sched, _decode_batch("NGRAM"), None) is True
-    adapter.deactivate()
+    from sglang_eo_dev.helpers.plugin_state import deactivate
+
+    deactivate()
     try:
         assert Scheduler.is_disable_overlap_for_batch(sched, _decode_batch("EAGLE3"), None) is True  # passive
     finally:
@@ -326,6 +329,7 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
 
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
+    from sglang_eo_dev.helpers.plugin_state import feed_results
 
     step = _step()
     doc = _doc(5)
@@ -348,7 +352,7 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     def fed():
         return [g.accepted_tokens for g in (a.grammar, b.grammar, c.grammar, d.grammar, e.grammar)]
 
-    assert band.advance_queued_results(rt, sched.result_queue) == 3
+    assert feed_results(band.band_of(rt), sched.result_queue) == 3
     want = [doc[:3], doc[:1], doc[:1], doc[:1], []]
     assert fed() == want
     # Post-processing of the same results replays, feeding nothing.
@@ -358,13 +362,13 @@ def test_barrier_advances_queued_decode_and_prefill_results_once(adapter):
     assert fed() == want and a.to_finish is None and d.to_finish is None
     # A second barrier over the same queue (e.g. two verifies before processing) feeds nothing either.
     del d.output_ids[:]
-    assert band.advance_queued_results(rt, sched.result_queue) == 0 and fed() == want
+    assert feed_results(band.band_of(rt), sched.result_queue) == 0 and fed() == want
     for key in ("b-A", "b-D"):
         step.ledger.forget(key)
 
 
 def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, monkeypatch):
-    """One verify result through the barrier (the next verify's ``advance_queued_results``), then through SGLang's own
+    """One verify result through the barrier (the next verify's ``Band.feed_results``), then through SGLang's own
     ``_resolve_spec_v2_tokens``, the loop that calls the hooked ``_accept_grammar_tokens`` once per request: A's run
     was fed whole (replayed), B's drafted past the grammar's end (cut after the terminating token), C's was rejected
     after its first token (aborted, its valid prefix kept), D is retracted and E unconstrained (neither asked). Every
@@ -376,6 +380,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
 
     from sglang_eagle_overlap.adapters.v0_5_16 import band
     from sglang_eagle_overlap.integration import runtime
+    from sglang_eo_dev.helpers.plugin_state import feed_results
 
     step = _step()
     doc = _doc(6)
@@ -388,7 +393,7 @@ def test_barrier_then_sglangs_own_result_loop_commits_each_run_once(adapter, mon
     # has_grammar False: the overlap loop hands post-processing a copy of the batch without that flag
     batch = types.SimpleNamespace(reqs=[a, b, c, d, e], forward_mode=ForwardMode.DECODE, has_grammar=False)
     result = verify_result(runs, 4)
-    assert band.advance_queued_results(runtime.active(), [(batch, result)]) == 3 + 2 + 1
+    assert feed_results(band.band_of(runtime.active()), [(batch, result)]) == 3 + 2 + 1
     replays = step.telemetry.stats.counters["replays"]
     asked = []
     ask = SchedulerBatchResultProcessor._accept_grammar_tokens  # the hooked method, wrapped to see the loop's asks

@@ -1,9 +1,9 @@
-"""``AcceptLedger.advance_many`` / ``GrammarStep.advance_many`` (a whole result's runs in one ledger call).
+"""``AcceptLedger.feed`` / ``GrammarStep.feed`` (a whole result's runs in one ledger call).
 
 The batch call must do, run by run and in order, what an independent reference of the ledger's rules does: the same
 outcomes, the same errors (returned for the run in error, raised by ``advance``), the same matcher states, the same
 counters -- whatever the batch mixes: fresh runs, replays, conflicting replays, gaps, runs the grammar terminates or rejects,
-runs after termination, native and wrapper feeds, rebuilt grammars. ``GrammarStep.advance_many`` re-anchors only the
+runs after termination, native and wrapper feeds, rebuilt grammars. ``GrammarStep.feed`` re-anchors only the
 runs in error and counts replays only when asked.
 """
 
@@ -141,7 +141,7 @@ def _as_reference(result: Any) -> Any:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_advance_many_does_what_the_reference_does_run_by_run(seed):
+def test_feed_does_what_the_reference_does_run_by_run(seed):
     world = World(seed)
     ledger, ref = AcceptLedger(history=3), Reference(history=3)
     kinds = set()
@@ -174,7 +174,7 @@ def test_advance_raises_what_advance_many_returns():
     assert feed_one(ledger, "a", g, 0, [1, 2]).retained == (1, 2) and ledger.replays == 1
 
 
-def test_step_advance_many_re_anchors_only_the_run_in_error_and_counts_replays_when_asked():
+def test_step_feed_re_anchors_only_the_run_in_error_and_counts_replays_when_asked():
     step = make_step()
     a, b, c = G.Recorder(), G.Recorder(), G.Recorder()
     step.feed([Run("a", a, None, 0, [1]), Run("b", b, None, 0, [2])])

@@ -86,7 +86,7 @@ def test_each_native_state_maps_to_the_outcome_of_the_python_feed(state, kept, w
 def test_two_runs_of_one_request_in_one_add_rows_call_are_fed_in_order_and_the_rows_after_them_still_queue():
     """The second run of a request whose first waits makes the plan feed first (its check needs the first's outcome);
     the rows after it queue again, reading the same result under its new index. Same outcomes, matcher states and
-    counters as ``advance_many`` in Python."""
+    counters as ``feed`` in Python."""
     docs = [_doc(s) for s in (2, 3, 4)]
     runs = [docs[0][:2], docs[0][2:4], docs[1][:3], docs[2][:1]]
     keys, starts = ["x", "x", "y", "z"], [0, 2, 0, 0]

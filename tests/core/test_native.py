@@ -433,7 +433,7 @@ def test_the_sparse_reset_in_the_call_spares_the_rows_it_fills():
 @pytest.mark.parametrize("layout", ["decode", "prefill", "two-results"])
 @pytest.mark.parametrize("seed", range(3))
 def test_runs_queued_by_row_match_the_python_feed_run_by_run(seed, layout):
-    """``LedgerPlan.add_rows`` (a result's rows, tokens read by the native call) against ``advance_many`` in Python on
+    """``LedgerPlan.add_rows`` (a result's rows, tokens read by the native call) against ``feed`` in Python on
     the same runs: replays, gaps and conflicts answered at once, fresh runs queued without their tokens, then fed --
     the same outcomes, ``on_feed`` reports, matcher states and counters, step after step. Decode results, prefill
     results (one token per row) and a step whose rows come from two results (one plan, two ``add_rows`` calls: the

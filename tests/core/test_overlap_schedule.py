@@ -231,9 +231,9 @@ def run_schedule(compiled, p: Params, builder: Optional[TreeMaskBuilder], ev: Co
                  gstep: Optional[GrammarStep] = None) -> None:
     """One schedule. With ``builder``: the ledger and the builder driven directly. With ``gstep``: the plugin's
     ``GrammarStep`` with the native module, as the bands drive it -- the barrier queues the previous result's runs by
-    row (``advance_later`` over a ``ResultRuns`` of a ``[rows * n]`` token tensor) inside ``start_build`` (grammar
+    row (``feed_later`` over a ``ResultRuns`` of a ``[rows * n]`` token tensor) inside ``start_build`` (grammar
     thread: before the "launch"; inline: in ``finish_build``), their feed is the build's native call, and
-    post-processing asks ``advance_many`` again; every fresh feed is recorded through ``on_feed``."""
+    post-processing asks ``feed`` again; every fresh feed is recorded through ``on_feed``."""
     rng = random.Random(p.seed)
     topk, depth_max, n = p.shape
     ledger = AcceptLedger() if gstep is None else gstep.ledger

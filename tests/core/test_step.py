@@ -156,7 +156,7 @@ def test_copy_tree_stamps_the_launch_and_hands_back_the_tree(tmp_path):
 
 
 # -- 2./4. the exactly-once advance ----------------------------------------------------------------------------------
-def test_advance_is_the_ledger_advance():
+def test_feed_is_the_ledger_feed():
     step = make_step()
     g = G.Recorder()
     out = feed_one(step, "r", g, 0, [1, 2])
@@ -165,7 +165,7 @@ def test_advance_is_the_ledger_advance():
     assert step.ledger.consumed("r") == 2 and step.telemetry.stats.counters["ledger_resets"] == 0
 
 
-def test_advance_reanchors_on_a_gap_instead_of_raising(caplog):
+def test_feed_reanchors_on_a_gap_instead_of_raising(caplog):
     step = make_step()
     g = G.Recorder()
     feed_one(step, "req-7", g, 0, [1, 2])
@@ -179,7 +179,7 @@ def test_advance_reanchors_on_a_gap_instead_of_raising(caplog):
     assert msg[0].startswith("sglang-eagle-overlap: re-anchoring grammar ledger of request req-7 at position 5: ")
 
 
-def test_advance_reanchors_on_a_conflict_instead_of_raising(caplog):
+def test_feed_reanchors_on_a_conflict_instead_of_raising(caplog):
     step = make_step()
     g = G.Recorder()
     feed_one(step, "r", g, 0, [1, 2])

@@ -1,6 +1,6 @@
 """``GrammarStep``'s exactly-once advance as the bands call it (written for the survivors of a mutation run
-over ``core/step.py``, ``tests/core/MUTANTS.md``): ``advance_later`` outside a build (fed at once) and inside a
-build's barrier (queued, fed by the build, a conflicting run re-anchored there), ``replay_kept`` (0.5.16's
+over ``core/step.py``, ``tests/core/MUTANTS.md``): ``feed_later`` outside a build (fed at once) and inside a
+build's barrier (queued, fed by the build, a conflicting run re-anchored there), ``replay_whole`` (0.5.16's
 post-processing), ``advance``'s ``on_feed``, and the warning of an abandoned step that failed."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _tree(bs: int):
     return nxt, sib, torch.zeros(bs, N, dtype=torch.int64)
 
 
-def test_advance_later_outside_a_build_feeds_at_once_reports_and_counts_replays_when_asked():
+def test_feed_later_outside_a_build_feeds_at_once_reports_and_counts_replays_when_asked():
     docs = _docs(3)
     runs = [d[:2] for d in docs]
     grammars = [object() for _ in docs]
@@ -134,7 +134,7 @@ def test_replay_kept_answers_only_a_whole_clean_run_asked_with_the_same_tokens()
         step.close()
 
 
-def test_advance_reports_a_fresh_feed_to_on_feed():
+def test_feed_reports_a_fresh_feed_to_on_feed():
     doc = _docs(1, seed=3)[0]
     g = object()
     seen: List[Any] = []
@@ -241,7 +241,7 @@ def test_the_mask_is_built_after_the_barriers_runs_are_fed(threaded):
 
 @pytest.mark.parametrize("threaded", [True, False], ids=["grammar-thread", "inline"])
 def test_a_barrier_whose_caller_waits_for_no_outcome_still_feeds_and_records_each_run_once(threaded):
-    """``advance_later(..., on_done=None)`` (0.5.16's barrier: post-processing asks again): the build feeds the runs
+    """``feed_later(..., on_done=None)`` (0.5.16's barrier: post-processing asks again): the build feeds the runs
     and the ledger records them, so the later ask is a replay that feeds nothing, and the matchers are where one feed
     leaves them."""
     docs = _docs(3, seed=3)
@@ -308,7 +308,7 @@ def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_ma
         step.close()
 
 
-def test_a_conflict_re_anchored_by_advance_many_is_reported_to_on_feed():
+def test_a_conflict_re_anchored_by_feed_is_reported_to_on_feed():
     doc = _docs(1, seed=9)[0]
     g = object()
     step = _step()

@@ -24,9 +24,10 @@ discover it without installing anything; both may run, the second install is a n
     ``GrammarStep.start_build`` / ``finish_build`` (inline: the whole job in ``finish_build``; grammar thread: the
     barrier's ledger checks and the build's preparation, then the join wait, the feeds' record and the upload), and
     its band's other per-step grammar entry points: 0.5.16 ``keeps_overlap`` (the overlap decision) and
-    ``begin_verify`` (tree copy launch, mask requests, start), 0.5.23 ``hand_over_verify`` and ``start_grammar_job``
-    (mask requests, start). Its forced-draft points (``before_verify``, ``after_sample``) are not regions: with forced
-    drafts on they hold device ops, which would count as scheduler-thread CPU here.
+    ``Band016.verify_step`` + ``Band.start`` (tree copy launch, mask requests, start), 0.5.23
+    ``Band023.verify_step`` and ``start_grammar_job`` (mask requests, start). Its forced-draft points
+    (``before_verify``, ``after_sample``) are not regions: with forced drafts on they hold device ops, which would
+    count as scheduler-thread CPU here.
 
   0.5.16's blocking ``.cpu()`` of the verify tree is inline in ``run_eagle_verify`` and cannot be wrapped; on CPU it
   returns the tensor itself (no copy, no sync), so it costs nothing here anyway.
@@ -421,7 +422,8 @@ _REGIONS_0_5_16 = (
     # points (before_verify, after_sample): with forced drafts on they hold device ops, which a region would count
     # as scheduler-thread CPU on a CPU engine.
     ("sglang_eagle_overlap.adapters.v0_5_16.band", "keeps_overlap", None),
-    ("sglang_eagle_overlap.adapters.v0_5_16.band", "begin_verify", None),
+    ("sglang_eagle_overlap.adapters.v0_5_16.band", "Band016", "verify_step"),
+    ("sglang_eagle_overlap.integration.band", "Band", "start"),
 )
 _REGIONS_0_5_23 = (
     ("sglang.srt.speculative.eagle_worker_common", "build_grammar_vocab_mask", None),
@@ -430,7 +432,7 @@ _REGIONS_0_5_23 = (
     ("sglang_eagle_overlap.core.step", "GrammarStep", "build_mask"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "start_build"),
     ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
-    ("sglang_eagle_overlap.adapters.v0_5_23.band", "hand_over_verify", None),
+    ("sglang_eagle_overlap.adapters.v0_5_23.band", "Band023", "verify_step"),
     ("sglang_eagle_overlap.adapters.v0_5_23.band", "start_grammar_job", None),
 )
 # Single kernels on a GPU that run as Python loops of tensor ops on a CPU engine, timed as one device op each: the
@@ -449,12 +451,16 @@ _BREAKDOWN_CORE = tuple(("sglang_eagle_overlap.core." + m, cls, fn) for m, cls, 
     ("step", "_GrammarThread", "submit"), ("step", "_GrammarThread", "result"),
     ("ledger", "LedgerPlan", "add_rows"), ("ledger", "LedgerPlan", "fill"), ("mask", "TreeMaskBuilder", "prepare"),
     ("mask", "TreeMaskBuilder", "finish"), ("mask", "TreeMaskBuilder", "native_result")))
-_BREAKDOWN_0_5_16 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_16.band", fn, None) for fn in (
-    "keeps_overlap", "can_mask", "begin_verify", "build_vocab_mask", "advance_queued_results", "accept_tokens",
-    "mask_requests", "result_rows", "settle_mask"))
-_BREAKDOWN_0_5_23 = _BREAKDOWN_CORE + tuple(("sglang_eagle_overlap.adapters.v0_5_23.band", fn, None) for fn in (
-    "hand_over_verify", "start_grammar_job", "build_grammar_vocab_mask", "advance_grammar_fsm", "mask_requests",
-    "result_rows", "kept_run", "settle_mask"))
+# the shared band flow (integration.band): its methods, and the request helpers it calls by its own module's names
+_BREAKDOWN_BAND = tuple(("sglang_eagle_overlap.integration.band", "Band", fn) for fn in (
+    "start", "finish", "feed_results")) + tuple(("sglang_eagle_overlap.integration.band", fn, None) for fn in (
+    "mask_requests", "settle_mask"))
+_BREAKDOWN_0_5_16 = _BREAKDOWN_CORE + _BREAKDOWN_BAND + tuple(
+    ("sglang_eagle_overlap.adapters.v0_5_16.band", fn, None) for fn in (
+        "keeps_overlap", "can_mask", "begin_verify", "build_vocab_mask", "feed_tokens", "result_rows"))
+_BREAKDOWN_0_5_23 = _BREAKDOWN_CORE + _BREAKDOWN_BAND + tuple(
+    ("sglang_eagle_overlap.adapters.v0_5_23.band", fn, None) for fn in (
+        "start_grammar_job", "build_grammar_vocab_mask", "advance_grammar_fsm", "result_rows", "kept_tokens"))
 # The model forward ("GPU work" on a CPU engine: it runs synchronously on the scheduler thread there).
 _FORWARD = ("sglang.srt.model_executor.model_runner", "ModelRunner", "forward")
 _OPTIONAL_MODULE_PREFIX = "sglang_eagle_overlap."  # the product plugin may be absent

@@ -35,6 +35,7 @@ def _processor(brp, speculative_algorithm):
 
 def main(expected_root: str) -> dict:
     from sglang_eo_dev.helpers.grammars import ensure_sglang_importable
+    from sglang_eo_dev.helpers.plugin_state import feed_results
 
     ensure_sglang_importable()
     import sglang
@@ -75,7 +76,7 @@ def main(expected_root: str) -> dict:
     facts["sync_ngram_xgrammar"] = decide(SpeculativeAlgorithm.NGRAM, xg)
     facts["sync_eagle3_other_backend"] = decide(SpeculativeAlgorithm.EAGLE3, SimpleNamespace(name="llguidance"))
     decide(SpeculativeAlgorithm.EAGLE3, xg)  # the last decision records the loop's queue for the barrier
-    facts["queue_recorded"] = rt.result_queue is queue
+    facts["queue_recorded"] = band.band_of(rt).result_queue is queue
 
     # -- 2. barrier + native mask vs upstream's generate_token_bitmask ----------------------------------------
     n, stride = 8, 8
@@ -183,7 +184,7 @@ def main(expected_root: str) -> dict:
                                  speculative_num_draft_tokens=None, copy_done=None)
     queue.clear()
     queue.append((ext_batch, ext_result))
-    fed = band.advance_queued_results(rt, queue, [req])
+    fed = feed_results(band.band_of(rt), queue, [req])
     req.output_ids.append(doc[0])  # post-processing appends, then applies the grammar
     eagle_proc._apply_prefill_grammar(req=req, next_token_id=doc[0])
     facts["prefill_fed_once"] = fed == 1 and req.grammar.accepted_tokens == [doc[0]] and req.to_finish is None

@@ -3,7 +3,7 @@
 Why: under the plugin the previous batch's accepted tokens may already have been fed to the grammar by the verify
 of the next batch (the barrier). SGLang would feed them a second time here.
 
-How: for EAGLE-family servers, :func:`~.band.accept_tokens`: the ledger advances once per (``req.rid``, output
+How: for EAGLE-family servers, :func:`~.band.feed_tokens`: the ledger feeds the run once per (``req.rid``, output
 position ``len(req.output_ids)``; ``_resolve_spec_v2_tokens`` calls this before appending) and replays afterwards,
 with SGLang's semantics (retained prefix stops after the terminating token; a rejected token aborts the request).
 
@@ -31,15 +31,15 @@ TARGET = (
 def accept_grammar_tokens(original: Callable[..., Any], self: Any, req: Any, tokens: Any, *args: Any,
                           **kwargs: Any) -> Any:
     rt = runtime.active()
-    # band.eagle_server keeps the server's decision on the runtime: this runs once per request and step
-    if rt is None or req.grammar is None or not band.eagle_server(rt, getattr(self, "server_args", None)):
+    # the band keeps the server's decision: this runs once per request and step
+    if rt is None or req.grammar is None or not band.is_eagle_server(rt, getattr(self, "server_args", None)):
         return original(self, req, tokens, *args, **kwargs)
-    return band.accept_tokens(rt, req, tokens)
+    return band.feed_tokens(rt, req, tokens)
 
 
 HOOK = Hook(
     target=TARGET,
     hook_type="AROUND",
     fn=accept_grammar_tokens,
-    why="post-processing replays the ledger instead of advancing the grammar a second time",
+    why="post-processing replays the ledger instead of feeding the grammar a second time",
 )

@@ -3,7 +3,7 @@
 Why: at the extend -> decode boundary the prefill result is still in ``result_queue`` when the first verify runs, so
 the plugin's barrier feeds the prefill token to the grammar first; SGLang would feed it again here.
 
-How: for EAGLE-family servers, :func:`~.band.accept_prefill_token` (ledger at output position
+How: for EAGLE-family servers, :func:`~.band.feed_prefill_token` (ledger at output position
 ``len(req.output_ids) - 1``: SGLang calls this after appending the token); a rejected token aborts the request;
 ``grammar.finished`` mirrors ``req.finished()``. Known difference: see that function.
 
@@ -32,9 +32,9 @@ def apply_prefill_grammar(original: Callable[..., Any], self: Any, *args: Any, *
     next_token_id = kwargs.get("next_token_id", args[1] if len(args) > 1 else None)
     rt = runtime.active()
     if (rt is None or req is None or next_token_id is None or req.grammar is None
-            or not band.eagle_server(rt, getattr(self, "server_args", None))):
+            or not band.is_eagle_server(rt, getattr(self, "server_args", None))):
         return original(self, *args, **kwargs)
-    band.accept_prefill_token(rt, req, next_token_id)
+    band.feed_prefill_token(rt, req, next_token_id)
     return None
 
 

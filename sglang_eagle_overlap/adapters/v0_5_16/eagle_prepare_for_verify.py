@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import in_flight_for
+from sglang_eagle_overlap.adapters.v0_5_16 import band
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
 
@@ -29,7 +29,8 @@ TARGET = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify"
 def eagle_prepare_for_verify(original: Callable[..., Any], verify_input: Any, req_to_token_pool: Any, batch: Any,
                              *args: Any, **kwargs: Any) -> Any:
     result = original(verify_input, req_to_token_pool, batch, *args, **kwargs)
-    cur = in_flight_for(runtime.active(), batch)
+    rt = runtime.active()
+    cur = None if rt is None else band.band_of(rt).in_flight_for(batch)
     if cur is not None:
         cur.hide()
     return result

@@ -4,7 +4,7 @@ Why: this is the first point after the target-verify launch where the grammar ma
 which host grammar work overlaps the GPU forward.
 
 How: for a plugin-owned step (in flight from ``run_eagle_verify``'s hook, for this batch): restore
-``batch.has_grammar``, then :func:`~.band.build_vocab_mask` (barrier advance through the ledger, tree copy wait,
+``batch.has_grammar``, then ``Band.finish`` (the barrier's feed through the ledger, tree copy wait,
 native mask, non-blocking upload, unmasked drafts neutralised, failed requests aborted alone) and call the original
 with that mask; after it returns, the grammar-forced drafts pick the accepted node's row on the device
 (:func:`~.band.after_sample`). Everything else (ngram worker, unconstrained
@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sglang_eagle_overlap.adapters.v0_5_16 import band
-from sglang_eagle_overlap.adapters.v0_5_16.run_eagle_verify import in_flight_for
 from sglang_eagle_overlap.integration import runtime
 from sglang_eagle_overlap.integration.hooks import Hook
 
@@ -35,11 +34,14 @@ TARGET = "sglang.srt.speculative.eagle_utils.eagle_sample"
 def eagle_sample(original: Callable[..., Any], verify_input: Any, batch: Any, logits_output: Any,
                  vocab_mask: Optional[torch.Tensor] = None, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
-    cur = in_flight_for(rt, batch)
-    if rt is None or cur is None or vocab_mask is not None:
+    b = None if rt is None else band.band_of(rt)
+    cur = None if b is None else b.in_flight_for(batch)
+    if rt is None or b is None or cur is None or cur.job is None or vocab_mask is not None:
         return original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
     cur.restore()
-    vocab_mask = band.build_vocab_mask(rt, cur.verify, verify_input, batch)
+    # Band.finish itself (not band.build_vocab_mask): no pass-through frame between SGLang's call and the core
+    vocab_mask = b.finish(cur.job, batch.reqs, batch.sampling_info, device=verify_input.retrieve_next_token.device,
+                          draft_device=verify_input.draft_token, verify_input=verify_input)
     result = original(verify_input, batch, logits_output, vocab_mask, *args, **kwargs)
     band.after_sample(rt, batch, result)  # grammar-forced drafts: the accepted node's row, on the device
     return result
@@ -53,5 +55,5 @@ HOOK = Hook(
         ("sglang.srt.speculative.eagle_worker_common", "eagle_sample"),
         ("sglang.srt.speculative.ngram_worker", "eagle_sample"),
     ),
-    why="advance pending grammars, build and upload the tree mask after the verify launch",
+    why="feed pending grammars, build and upload the tree mask after the verify launch",
 )

@@ -12,45 +12,34 @@ replaces the three pieces that are slow or not exactly-once there:
    native xgrammar tree mask instead of the per-node Python DFS, failed requests aborted alone.
 3. ``SchedulerBatchResultProcessor.advance_grammar_fsm`` -> :func:`advance_grammar_fsm`: every run through the ledger
    (exactly once per request id and output position, whichever caller comes first), SGLang's gating, retained runs
-   and aborts (:func:`~sglang_eagle_overlap.integration.requests.accept_runs`).
+   and aborts (``Band.feed_results`` with :class:`Band023`'s hooks).
 
-From "the verify result arrives" to ``accept_token``: :func:`advance_grammar_fsm` (SGLang's barrier inside the verify,
-then its post-processing, answered by ``result.grammar_advanced``) -> ``requests.result_rows`` ->
-``requests.advance_rows_later`` -> ``GrammarStep.feed_later``: inside a build's barrier, ``LedgerPlan.add_rows``
-checks every run at once and queues the fresh ones through a bare xgrammar matcher by row (their tokens read in C++
-by the build's one native call; ``LedgerPlan.fill`` records the outcomes, ``record_on_xgrammar`` SGLang's own record of
-``XGrammarGrammar``); anywhere else, fed at once through the same ledger (``grammar.accept_token`` for other grammar
-objects).
+The shared flow (in-flight step, mask build, barrier loop) is :class:`~sglang_eagle_overlap.integration.band.Band`;
+:class:`Band023` keeps what differs here. The walk (docs/architecture.md) from SGLang's call to the core, for the
+barrier (``Scheduler._advance_pending_grammar``) and post-processing alike: ``advance_grammar_fsm`` hook ->
+:func:`advance_grammar_fsm` -> ``Band.feed_results`` -> ``GrammarStep.feed_later`` (inside a build's barrier the
+runs are checked at once and queued by row for the build's one native call; anywhere else fed at once).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 import torch
 from torch.types import Device
 
-from sglang_eagle_overlap.core import FeedOutcome, MaskJob, PendingTree, RowRun
+from sglang_eagle_overlap.core import FeedOutcome, MaskJob, PendingTree, ResultRuns, RowRun, StepMask
 from sglang_eagle_overlap.integration import drafts, runtime
-from sglang_eagle_overlap.integration.requests import (advance_rows_later, kept_run, mask_requests, result_rows,
-                                                      settle_mask)
+from sglang_eagle_overlap.integration.band import Band, InFlight, OnDone
+from sglang_eagle_overlap.integration.requests import kept_tokens, mask_requests, result_rows
 from sglang_eagle_overlap.integration.runtime import Runtime
 
-__all__ = ["PluginGrammarTree", "VerifyContext", "advance_grammar_fsm", "after_sample", "before_verify",
+__all__ = ["Band023", "PluginGrammarTree", "advance_grammar_fsm", "after_sample", "band_of", "before_verify",
            "build_grammar_vocab_mask", "hand_over_verify", "patched_grammar_tree", "start_grammar_job"]
 
 # Every ``Any`` below is one of SGLang's objects (its GrammarTree class, Req, SamplingBatchInfo, GrammarMask, batches
 # and results): SGLang ships no types.
 _sglang_tree: List[Any] = [None]  # SGLang's own GrammarTree, used while the runtime is off
-
-
-@dataclass(slots=True)
-class VerifyContext:
-    """The ``run_eagle_verify`` call in progress (grammar thread on): its batch and SGLang's grammar barrier."""
-
-    batch: Any
-    barrier: Any = None
 
 
 class PluginGrammarTree:
@@ -113,13 +102,14 @@ class PluginGrammarTree:
         return self.pending.resolve()
 
 
-def hand_over_verify(rt: Runtime, batch: Any, barrier: Any) -> Optional[VerifyContext]:
-    """``run_eagle_verify`` entry (hook) or just before its ``GrammarTree.from_device`` (patched SGLang): give the tree
-    constructor this batch and SGLang's barrier. Returns the context put on the runtime (None: no grammar)."""
-    if not getattr(batch, "has_grammar", False):
-        return None
-    ctx = rt.in_flight = VerifyContext(batch=batch, barrier=barrier)
-    return ctx
+def hand_over_verify(rt: Runtime, batch: Any, barrier: Any) -> Optional[InFlight]:
+    """Just before ``GrammarTree.from_device`` (patched SGLang; the hook hands it over through ``Band.run_verify``):
+    give the tree constructor this batch and SGLang's barrier. Returns the step put in flight (None: no grammar)."""
+    b = band_of(rt)
+    cur = b.verify_step(batch, barrier)
+    if cur is not None:
+        b.in_flight = cur
+    return cur
 
 
 def before_verify(rt: Runtime, batch: Any, verify_input: Any) -> None:
@@ -138,16 +128,12 @@ def after_sample(rt: Runtime, batch: Any, sample_result: Any) -> None:
 
 
 def start_grammar_job(rt: Runtime, tree: PluginGrammarTree) -> Optional[MaskJob]:
-    """Inside a hooked ``run_eagle_verify`` of this tree's batch: start its job now, before the verify launch
-    (``GrammarStep.start_build``: on the grammar thread, or recorded to run inline in ``build_grammar_vocab_mask``).
-    None outside one (trees built elsewhere): the mask is built from ``build_grammar_vocab_mask``'s arguments."""
-    ctx = rt.in_flight
-    if not isinstance(ctx, VerifyContext):
-        return None
-    batch = ctx.batch
-    rt.in_flight = None  # one tree per verify call
-    return rt.step.start_build(mask_requests(batch.reqs), tree.pending, vocab_size=batch.sampling_info.vocab_size,
-                               barrier=ctx.barrier, allow_timeout=tree.draft_device is not None)
+    """Inside a ``run_eagle_verify`` whose step is in flight: start its job now, before the verify launch
+    (``Band.start``: on the grammar thread, or recorded to run inline in ``build_grammar_vocab_mask``). None outside
+    one (trees built elsewhere): the mask is built from ``build_grammar_vocab_mask``'s arguments."""
+    b = band_of(rt)
+    cur = b.start(b.take_verify(tree))
+    return None if cur is None else cur.job
 
 
 def capture_sglang_tree(cls: Any) -> None:
@@ -161,64 +147,104 @@ def build_grammar_vocab_mask(rt: Runtime, *, reqs: Any, tree: PluginGrammarTree,
     """After the target-verify launch, before sampling: barrier -> tree wait -> native mask -> non-blocking upload.
     Returns SGLang's ``GrammarMask`` (None: no request constrained). Chain trees without a neutralisable draft tensor
     are built without a time limit (exact, never neutralised)."""
+    b = band_of(rt)
     if tree.job is not None:  # started before the launch with the same batch and barrier
         job, tree.job = tree.job, None
-        step_mask = rt.step.finish_build(job, device=device, draft_device=tree.draft_device)
-    else:
-        step_mask = rt.step.build_mask(mask_requests(reqs), tree.pending, vocab_size=sampling_info.vocab_size,
-                                       device=device, barrier=barrier, draft_device=tree.draft_device)
-    grammar = settle_mask(step_mask, reqs)
-    if grammar is None:
-        return None
-    # As SGLang: otherwise the extend stage's leftover mask is applied to the verify logits.
-    sampling_info.grammar_mask = None
-    if step_mask.device_mask is None:
-        return None
-    from sglang.srt.constrained.base_grammar_backend import GrammarMask
-
-    return GrammarMask(grammar, step_mask.device_mask)
+        return b.finish(job, reqs, sampling_info, device=device, draft_device=tree.draft_device)
+    step_mask = rt.step.build_mask(mask_requests(reqs), tree.pending, vocab_size=sampling_info.vocab_size,
+                                   device=device, barrier=barrier, draft_device=tree.draft_device)
+    return b.settled(step_mask, reqs, sampling_info)
 
 
 def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
-    """SGLang's ``advance_grammar_fsm`` contract, through the ledger: skip when ``result.grammar_advanced`` or no
-    grammar or neither decode nor extend; extend advances the single prefill token (in-flight chunked prefill
-    skipped); decode advances ``next_token_ids[i*stride : i*stride + accept_lens[i]]`` and stores the retained runs in
-    ``result.grammar_retained_tokens``; retracted / finished requests are skipped (SG#28986). The output position is
-    ``len(req.output_ids)``: the result is not yet appended."""
-    if result.grammar_advanced or not batch.has_grammar:
-        return
-    is_decode = batch.forward_mode.is_decode()
-    finished: List[str] = []  # the constrained requests already finished: the ledger forgets them
-    got = result_rows(batch, result, finished)
-    if got is None:
-        return
-    rows, runs = got
-    result.grammar_advanced = True  # SGLang's barrier asks once per result; the runs below are fed exactly once
-    step = rt.step
-    reqs = batch.reqs
-
-    def done(outcomes: List[FeedOutcome]) -> None:
-        # the run each request keeps, by batch row, in one pass (a rejection aborts its request alone)
-        retained: List[Optional[List[int]]] = [None] * len(reqs)
-        for row, o in zip(rows, outcomes):
-            retained[row.row] = kept_run(step, reqs[row.row], o)
-        if is_decode:
-            result.grammar_retained_tokens = retained
-        # Only a decode result says which requests are live: its batch is SGLang's running batch. A prefill batch
-        # holds only the new requests, so after one only the finished are forgotten (pruning to it would drop every
-        # decoding request's entry, and with it their gap and conflict checks).
-        if is_decode and step.ledger_outgrows(len(rows)):  # else no live-key set is made
-            step.prune(live_keys(batch, rows), finished)
-        elif finished:
-            step.prune(None, finished)
-
-    # Inside the verify's barrier the runs are queued without reading their tokens and fed by the mask build, with its
-    # tree walk, in one native call; here (post-processing, no build around) at once. SGLang reads
-    # grammar_retained_tokens only after sampling, when the build has been joined.
-    advance_rows_later(step, rows, runs, done, count_replays=True)
+    """SGLang's ``advance_grammar_fsm`` contract, through the ledger (``Band.feed_results`` of this one result, with
+    :class:`Band023`'s gating, retained runs and prune rule)."""
+    band_of(rt).feed_results(((batch, result),))
 
 
-def live_keys(batch: Any, rows: List[RowRun]) -> Set[str]:
+class Band023(Band):
+    """The 0.5.23 band: SGLang's own barrier and result processors call ``advance_grammar_fsm`` with one result each;
+    the runs it answers count as ``replays``."""
+
+    counts_replays = True
+
+    def verify_step(self, batch: Any, barrier: Any) -> Optional[InFlight]:
+        """The step a ``run_eagle_verify`` call hands to its tree constructor: its batch and SGLang's barrier (the
+        ``grammar_barrier`` argument). None for a batch without a grammar."""
+        if not getattr(batch, "has_grammar", False):
+            return None
+        return InFlight(batch, barrier=barrier)
+
+    def take_verify(self, tree: PluginGrammarTree) -> Optional[InFlight]:
+        """The step in flight, taken by its tree constructor (one tree per verify call) with that tree."""
+        cur = self.in_flight
+        if cur is None:
+            return None
+        self.in_flight = None
+        cur.tree, cur.allow_timeout = tree.pending, tree.draft_device is not None
+        return cur
+
+    def leftover(self, grammar: Any, step_mask: StepMask, sampling: Any, verify_input: Any) -> Any:
+        """As SGLang: otherwise the extend stage's leftover mask is applied to the verify logits. Returns SGLang's
+        ``GrammarMask`` (None: no request constrained)."""
+        if grammar is None:
+            return None
+        sampling.grammar_mask = None
+        if step_mask.device_mask is None:
+            return None
+        from sglang.srt.constrained.base_grammar_backend import GrammarMask
+
+        return GrammarMask(grammar, step_mask.device_mask)
+
+    def rows_to_feed(self, batch: Any, result: Any, finished: List[str]
+                     ) -> Optional[Tuple[List[RowRun], ResultRuns]]:
+        """SGLang's gating: skip when ``result.grammar_advanced`` or no grammar or neither decode nor extend; extend
+        feeds the single prefill token (in-flight chunked prefill skipped); decode ``next_token_ids[i*stride :
+        i*stride + accept_lens[i]]``; retracted / finished requests are skipped (SG#28986). The output position is
+        ``len(req.output_ids)``: the result is not yet appended. Marks the result advanced (SGLang's barrier asks once
+        per result; its runs are fed exactly once)."""
+        if result.grammar_advanced or not batch.has_grammar:
+            return None
+        got = result_rows(batch, result, finished)
+        if got is not None:
+            result.grammar_advanced = True
+        return got
+
+    def when_fed(self, batch: Any, result: Any, rows: List[RowRun], finished: List[str]) -> Optional[OnDone]:
+        """The retained runs into ``result.grammar_retained_tokens`` (decode), rejections aborted alone, and the
+        ledger pruned. Inside the verify's barrier the runs are fed by the mask build, so this runs when the build is
+        joined; SGLang reads ``grammar_retained_tokens`` only after sampling."""
+        is_decode = batch.forward_mode.is_decode()
+        step = self.step
+        reqs = batch.reqs
+
+        def done(outcomes: List[FeedOutcome]) -> None:
+            # the run each request keeps, by batch row, in one pass (a rejection aborts its request alone)
+            retained: List[Optional[List[int]]] = [None] * len(reqs)
+            for row, o in zip(rows, outcomes):
+                retained[row.row] = kept_tokens(step, reqs[row.row], o)
+            if is_decode:
+                result.grammar_retained_tokens = retained
+            # Only a decode result says which requests are live: its batch is SGLang's running batch. A prefill batch
+            # holds only the new requests, so after one only the finished are forgotten (pruning to it would drop
+            # every decoding request's entry, and with it their gap and conflict checks).
+            if is_decode and step.ledger_outgrows(len(rows)):  # else no live-key set is made
+                step.prune(live_keys(batch, rows), finished)
+            elif finished:
+                step.prune(None, finished)
+
+        return done
+
+
+def band_of(rt: Runtime) -> Band023:
+    """``rt``'s band, made at the first call in this process (plugin and patched SGLang alike)."""
+    b = rt.band
+    if not isinstance(b, Band023):
+        b = rt.band = Band023(rt.step)
+    return b
+
+
+def live_keys(batch: Any, rows: List[Any]) -> Set[str]:
     """The ledger keys a decode result keeps: its rows' and every constrained request of its batch (also those whose
     run the result does not commit, e.g. a retracted one). Finished requests are forgotten by the prune itself."""
     live = {str(row.key) for row in rows}

@@ -6,14 +6,14 @@ forward does, off the scheduler thread. The earliest point that has the verify t
 (REPLACEd by :class:`~.band.PluginGrammarTree`), but SGLang hands the batch and the barrier only to the later
 ``build_grammar_vocab_mask`` call.
 
-How: on entry, :func:`~.band.hand_over_verify` puts a :class:`~.band.VerifyContext` (the batch and the
-``grammar_barrier`` keyword) on the runtime for the duration of this one call (the vendored patch makes the same call
-right before ``GrammarTree.from_device``); ``PluginGrammarTree.from_device`` reads it and starts the job
-(:func:`~.band.start_grammar_job`); ``build_grammar_vocab_mask`` joins it. The ``finally`` clears the hand-off
-whatever happens. Before the original runs, the grammar-forced drafts replace the top-path drafts
-(:func:`~.band.before_verify`; ``eagle_prepare_for_verify`` then copies them into
-the target's input). Batches without a grammar pass straight through; whether the job runs on the grammar thread or
-inline after the launch is ``GrammarStep``'s decision.
+How: on entry the grammar-forced drafts replace the top-path drafts (:func:`~.band.before_verify`;
+``eagle_prepare_for_verify`` then copies them into the target's input), then ``Band.run_verify`` runs the original
+with this call's step in flight on the band (``Band023.verify_step``: the batch and the ``grammar_barrier`` keyword;
+the vendored patch hands it over right before ``GrammarTree.from_device``, :func:`~.band.hand_over_verify`);
+``PluginGrammarTree.from_device`` takes it and starts the job (:func:`~.band.start_grammar_job`);
+``build_grammar_vocab_mask`` joins it. ``Band.run_verify`` clears the hand-off whatever happens. Batches without a
+grammar pass straight through; whether the job runs on the grammar thread or inline after the launch is
+``GrammarStep``'s decision.
 
 Upstream state: 0.5.23 runs the barrier inside ``build_grammar_vocab_mask``, after the launch, on the scheduler
 thread.
@@ -35,18 +35,14 @@ TARGET = "sglang.srt.speculative.eagle_worker_common.run_eagle_verify"
 
 def run_eagle_verify(original: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     rt = runtime.active()
-    ctx = None if rt is None else band.hand_over_verify(rt, batch, kwargs.get("grammar_barrier"))
     if rt is None:
         return original(batch, *args, **kwargs)
-    try:
-        # Grammar-forced drafts replace top-path drafts before eagle_prepare_for_verify makes them the target's input
-        # (a step without a grammar drops the previous step's picks). Inside the try: if it raises, the context handed
-        # over above must not stay on the runtime for a later tree of another batch to pick up.
-        band.before_verify(rt, batch, getattr(batch, "spec_info", None))
-        return original(batch, *args, **kwargs)
-    finally:
-        if rt.in_flight is ctx:
-            rt.in_flight = None
+    # Grammar-forced drafts replace top-path drafts before eagle_prepare_for_verify makes them the target's input (a
+    # step without a grammar drops the previous step's picks); before the hand-off, so that if it raises nothing is
+    # left in flight for a later tree of another batch to pick up.
+    band.before_verify(rt, batch, getattr(batch, "spec_info", None))
+    b = band.band_of(rt)
+    return b.run_verify(b.verify_step(batch, kwargs.get("grammar_barrier")), original, batch, *args, **kwargs)
 
 
 HOOK = Hook(
