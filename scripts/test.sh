@@ -2,9 +2,9 @@
 # The project's test command (README): builds/reuses the CPU venvs and runs the whole suite against each supported
 # SGLang. Extra arguments go to pytest, e.g. `scripts/test.sh -m "not engine"` or `SGLANG_VERSIONS=0.5.23 scripts/test.sh`.
 # Cost (docs/development.md): ~42 min for `.ci/run` on a fresh clone on 2 cores (venv builds ~6 min,
-# 3.4 GB each; type check ~45-60 s per version cold, seconds warm; ~16.5-17.5 min of tests per version), the real
-# model cached in ~/.cache (built from nothing: ~3 min more). Engine tests take
-# /tmp/sglang-engine.lock, so they wait for any other engine on the machine.
+# 3.4 GB each; type check ~45-60 s per version cold, seconds warm; import contracts ~15 s cold, ~1 s warm;
+# ~16.5-17.5 min of tests per version), the real model cached in ~/.cache (built from nothing: ~3 min more). Engine
+# tests take /tmp/sglang-engine.lock, so they wait for any other engine on the machine.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -31,6 +31,13 @@ for v in $VERSIONS; do
     || { echo "type check against SGLang $v failed (errors above; scripts/typecheck.sh reproduces it)" >&2; exit 1; }
   echo "===== type check against SGLang $v: $(( SECONDS - start )) s ====="
 done
+# The import contracts next (scripts/importcheck.sh: core standalone and reached only through its package, the
+# layers, independent hook modules, no cycles); a broken contract fails the run before the tests too.
+echo "===== import contracts ====="
+start=$SECONDS
+bash scripts/importcheck.sh \
+  || { echo "import contracts broken (violations above; scripts/importcheck.sh reproduces it)" >&2; exit 1; }
+echo "===== import contracts: $(( SECONDS - start )) s ====="
 for v in $VERSIONS; do
   echo "===== SGLang $v ====="
   start=$SECONDS
