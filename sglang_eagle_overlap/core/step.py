@@ -586,6 +586,8 @@ class GrammarStep:
         if job.future is not None:
             result, t_join = self._join(job)
         else:
+            if job.ledger_plan is None:  # the barrier, here rather than in _run: one frame less under the feed
+                self._collect(job)
             result = self._run(job)
             t_join = time.perf_counter()
         device_mask = None
@@ -659,12 +661,10 @@ class GrammarStep:
         job.marks = (t0, time.perf_counter(), 0.0, 0.0)
 
     def _run(self, job: MaskJob) -> TreeMask:
-        """The inline work, on the scheduler thread: barrier -> tree wait -> wait until the previous upload left the
-        reused host buffer -> build. The runs the barrier hands to :meth:`feed_later` are checked by the ledger at
-        once and fed by the build, in the same native call as the tree walk where it can; whatever happens, every one
-        is fed, and its caller told, before this returns."""
-        if job.ledger_plan is None:
-            self._collect(job)
+        """The inline work, on the scheduler thread, after the barrier (:meth:`_collect`, run by the caller): tree
+        wait -> wait until the previous upload left the reused host buffer -> build. The runs the barrier handed to
+        :meth:`feed_later` were checked by the ledger at once and are fed by the build, in the same native call as the
+        tree walk where it can; whatever happens, every one is fed, and its caller told, before this returns."""
         plan = job.ledger_plan
         assert plan is not None
         try:

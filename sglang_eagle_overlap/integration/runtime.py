@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
-from typing import List, Optional, Set
+from dataclasses import dataclass
+from typing import List, Optional
 
 from sglang_eagle_overlap.core import (ForcedDrafts, GrammarStep, NativeGrammar, NativeUnavailable, StepConfig,
                                        StepTelemetry, load_native, process_timeline)
@@ -35,7 +35,6 @@ class Runtime:
     active: bool = False
     band: Optional[Band] = None
     origin: str = "plugin"
-    announced: Set[str] = field(default_factory=set)  # things said once per process (stand-aside algorithms)
     forced_decided: bool = False  # forced drafts on "auto": kept or dropped at the first verify (drafts.before_verify)
 
 

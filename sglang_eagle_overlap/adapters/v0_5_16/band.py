@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Set, Tuple
 
 from sglang_eagle_overlap import support
 from sglang_eagle_overlap.core import GrammarStep, ResultRuns, RowRun, StepMask
@@ -98,7 +98,8 @@ def can_mask(batch: Any) -> bool:
 class Band016(Band):
     """The 0.5.16 band's state besides the shared in-flight step: the overlap loop's ``result_queue`` (the verify
     barrier feeds what is still in it), the server's family decision (``eagle_server``) and the last overlap
-    decision's mask verdict (``verdict``)."""
+    decision's mask verdict (``verdict``), and the algorithms already said to keep SGLang's own path
+    (``announced``)."""
 
     def __init__(self, step: GrammarStep) -> None:
         super().__init__(step)
@@ -108,6 +109,7 @@ class Band016(Band):
         # a batch's ``can_mask`` verdict, as (its request list, that list's length, verdict), handed from the
         # scheduler's overlap decision to the same batch's verify entry (:meth:`mask_verdict`)
         self.verdict: Optional[Tuple[Any, int, bool]] = None
+        self.announced: Set[str] = set()  # stand-aside algorithms, said once per process (announce_stand_aside)
 
     def is_eagle_server(self, server_args: Any) -> bool:
         """:func:`is_eagle_family` of the server's arguments, decided at the first ask for that ``server_args`` object
@@ -220,8 +222,9 @@ def announce_stand_aside(rt: Runtime, batch: Any) -> None:
     """Log once per process and algorithm that grammar batches of an algorithm outside the family keep SGLang's own
     path (counted as ``stand_aside_algorithms``)."""
     name = algorithm_name(batch)
-    if name and name != "NONE" and name not in rt.announced:
-        rt.announced.add(name)
+    announced = band_of(rt).announced
+    if name and name != "NONE" and name not in announced:
+        announced.add(name)
         rt.step.count("stand_aside_algorithms")
         logger.info(support.stand_aside_message(BAND, name))
         rt.step.telemetry.write_stats()
