@@ -18,7 +18,7 @@ Per plugin-owned verify step the adapters measure (always on, a few ``perf_count
 
 * ``mask_timeouts`` -- requests whose mask build hit ``SGLANG_EAGLE_OVERLAP_MASK_TIME_LIMIT_MS``.
 
-They appear in the plugin's periodic INFO log line (``core.telemetry.StepTelemetry.report``) and, when SGLang runs with
+They appear in the plugin's periodic INFO log line (``core.StepTelemetry.report``) and, when SGLang runs with
 ``--enable-metrics`` (SGLang then sets ``PROMETHEUS_MULTIPROC_DIR`` for all its processes and its ``/metrics``
 endpoint collects every process's metrics from that directory), as Prometheus counters (:data:`PROMETHEUS_NAMES`).
 """

@@ -337,7 +337,7 @@ def test_install_appends_one_line_per_step_and_wraps_once(tmp_path, monkeypatch)
     assert all(s[0] >= 0 for s in got["steps"]) and got["pid"] is not None
     # once, for the first install only: the grammar regions, then the forward (the stats write excluded)
     assert wrapped_regions == list(step_times._REGIONS_0_5_23) + [step_times._FORWARD]
-    assert excluded == [step_times._EXCLUDED]
+    assert excluded == list(step_times._EXCLUDED)
     assert len(op_timers) == 1 and op_timers[0] is not None  # the op timer started once, with the first install
     assert got["errors"] == []  # 0.5.23's regions do not include the failing one
     step_times.install(Scheduler(), (0, 5, 16))  # another scheduler process appends; its region failure is reported

@@ -133,7 +133,7 @@ class Band:
                 continue
             rows, runs = got
             step.feed_later(rows, runs, self.when_fed(batch, result, rows, finished), record_on_xgrammar,
-                               count_replays=self.counts_replays)
+                            count_replays=self.counts_replays)
         self.bound_ledger(queued, current_reqs)
 
     def rows_to_feed(self, batch: Any, result: Any, finished: List[str]

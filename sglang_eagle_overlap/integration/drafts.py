@@ -4,12 +4,12 @@ Call order per EAGLE verify (``run_eagle_verify``), on the scheduler thread:
 
 1. entry, before ``eagle_prepare_for_verify`` turns the draft tokens into the target's input (and, on a GPU, into
    the CUDA graph's buffers): :func:`before_verify` -- a plugin-owned grammar step replaces its top-path drafts with
-   the forced tokens the previous step picked (:meth:`~sglang_eagle_overlap.core.forced.ForcedDrafts.apply`); any
+   the forced tokens the previous step picked (:meth:`~sglang_eagle_overlap.core.ForcedDrafts.apply`); any
    other verify drops them, so they are never applied to a later step;
 2. the grammar job records each valid node's forced continuation while it builds the mask; ``GrammarStep`` uploads
    the table with the mask;
 3. right after the host's ``eagle_sample`` of a plugin-owned step: :func:`after_sample` -- the device picks the
-   accepted node's row (:meth:`~sglang_eagle_overlap.core.forced.ForcedDrafts.after_verify`).
+   accepted node's row (:meth:`~sglang_eagle_overlap.core.ForcedDrafts.after_verify`).
 
 The tokenizer is the requests' own (``Req.tokenizer``, set by SGLang's scheduler), taken from the first request that
 has one: its ``encode`` tokenizes the forced text, its ``decode`` lets the core find the other tokenizations of that

@@ -424,6 +424,9 @@ _REGIONS_0_5_16 = (
     ("sglang_eagle_overlap.adapters.v0_5_16.band", "keeps_overlap", None),
     ("sglang_eagle_overlap.adapters.v0_5_16.band", "Band016", "verify_step"),
     ("sglang_eagle_overlap.integration.band", "Band", "start"),
+    # the same start through the band module's function (the vendored patch's entry; the hooks' entry in plugin
+    # revisions before the band base, which bench_scheduler_budget's --before compares with)
+    ("sglang_eagle_overlap.adapters.v0_5_16.band", "begin_verify", None),
 )
 _REGIONS_0_5_23 = (
     ("sglang.srt.speculative.eagle_worker_common", "build_grammar_vocab_mask", None),
@@ -434,13 +437,17 @@ _REGIONS_0_5_23 = (
     ("sglang_eagle_overlap.core.step", "GrammarStep", "finish_build"),
     ("sglang_eagle_overlap.adapters.v0_5_23.band", "Band023", "verify_step"),
     ("sglang_eagle_overlap.adapters.v0_5_23.band", "start_grammar_job", None),
+    # the hand-over through the band module's function (the patch's entry; the hooks' before the band base)
+    ("sglang_eagle_overlap.adapters.v0_5_23.band", "hand_over_verify", None),
 )
 # Single kernels on a GPU that run as Python loops of tensor ops on a CPU engine, timed as one device op each: the
 # ``sgl_kernel`` stand-ins (through their own hook) and SGLang's CPU fallbacks of its Triton kernels (module functions
 # its callers reach through the module's globals).
 _KERNELS = (("sglang.srt.model_executor.forward_batch_info", "compute_position_torch"),)
 # Instrumentation inside a region, not counted: the plugin's stats-file write.
-_EXCLUDED = ("sglang_eagle_overlap.core.telemetry", "StepTelemetry", "write_stats")
+_EXCLUDED = (("sglang_eagle_overlap.core.telemetry", "StepTelemetry", "write_stats"),
+             # where plugin revisions before the telemetry part wrote it (bench_scheduler_budget --before)
+             ("sglang_eagle_overlap.core.step", "GrammarStep", "write_stats"))
 # --breakdown: the plugin's functions on the scheduler thread, each timed whole (engine-agnostic core, then the band's
 # entry points and the integration helpers it calls per step)
 _BREAKDOWN_CORE = tuple(("sglang_eagle_overlap.core." + m, cls, fn) for m, cls, fn in (
@@ -548,7 +555,8 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
         err = _wrap_region(rec.timer, module, attr, method)
         if err:
             rec.error(f"grammar region not timed: {err}")
-    _exclude_region(rec.timer, *_EXCLUDED)
+    for where in _EXCLUDED:
+        _exclude_region(rec.timer, *where)
     if os.environ.get(BREAKDOWN_ENV):
         rec.breakdown = Breakdown()
         for module, attr, method in _BREAKDOWN_0_5_16 if sglang_version < (0, 5, 17) else _BREAKDOWN_0_5_23:

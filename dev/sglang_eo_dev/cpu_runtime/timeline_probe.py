@@ -52,10 +52,14 @@ def _batch_has_grammar(forward_batch: Any) -> bool:
 
 
 def install(scheduler: Any, version: tuple) -> None:
-    from sglang_eagle_overlap.core.timeline import TIMELINE_ENV, process_timeline
+    from sglang_eagle_overlap.core.timeline import TIMELINE_ENV
 
     if not os.environ.get(TIMELINE_ENV) or _installed[0]:
         return
+    # imported only when a timeline is asked for: an engine of an older plugin revision (bench_scheduler_budget's
+    # ``--before``) runs this probe too, without a timeline
+    from sglang_eagle_overlap.core import process_timeline
+
     _installed[0] = True
     tl = process_timeline(os.environ[TIMELINE_ENV])
     tl.meta.update({"sglang": ".".join(map(str, version)), "product_plugin": _product_active()})
