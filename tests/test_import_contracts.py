@@ -40,6 +40,15 @@ from sglang_eagle_overlap.integration import runtime
 def hook() -> object:
     return band.flow(runtime.RUNTIME)
 '''
+# Both bands' band module: reaches core through its package and integration below it.
+_BAND = '''\
+from sglang_eagle_overlap.core import Step
+from sglang_eagle_overlap.integration import runtime
+
+
+def flow(step: Step) -> object:
+    return runtime.engine()
+'''
 
 # A package that keeps every contract: core reached through its package only, each layer importing downwards, hook
 # modules importing their band module and integration, SGLang imported above core only, no cycle.
@@ -86,26 +95,12 @@ class Exporter:
     "adapters/__init__.py": "",
     "adapters/v0_5_16/__init__.py": (
         "from sglang_eagle_overlap.adapters.v0_5_16 import eagle_sample, run_eagle_verify\n"),
-    "adapters/v0_5_16/band.py": '''\
-from sglang_eagle_overlap.core import Step
-from sglang_eagle_overlap.integration import runtime
-
-
-def flow(step: Step) -> object:
-    return runtime.engine()
-''',
+    "adapters/v0_5_16/band.py": _BAND,
     "adapters/v0_5_16/eagle_sample.py": _HOOKS.format(band="v0_5_16"),
     "adapters/v0_5_16/run_eagle_verify.py": _HOOKS.format(band="v0_5_16"),
     "adapters/v0_5_23/__init__.py": (
         "from sglang_eagle_overlap.adapters.v0_5_23 import advance_grammar_fsm, eagle_sample, run_eagle_verify\n"),
-    "adapters/v0_5_23/band.py": '''\
-from sglang_eagle_overlap.core import Step
-from sglang_eagle_overlap.integration import runtime
-
-
-def flow(step: Step) -> object:
-    return runtime.engine()
-''',
+    "adapters/v0_5_23/band.py": _BAND,
     "adapters/v0_5_23/advance_grammar_fsm.py": _HOOKS.format(band="v0_5_23"),
     "adapters/v0_5_23/eagle_sample.py": _HOOKS.format(band="v0_5_23"),
     "adapters/v0_5_23/run_eagle_verify.py": _HOOKS.format(band="v0_5_23"),
