@@ -229,6 +229,12 @@ class AcceptLedger:
         native work (``GrammarStep``: the step's tree walk in the same call)."""
         return LedgerPlan(self)
 
+    @property
+    def entries(self) -> Mapping[Hashable, LedgerEntry]:
+        """Every request's entry by key, read-only (:class:`LedgerPlan`'s per-row loop looks entries up here and makes
+        them with :meth:`entry`)."""
+        return self._entries
+
     def entry(self, key: Hashable, grammar: object, start: int) -> LedgerEntry:
         """``key``'s entry for ``grammar`` (:class:`LedgerPlan`'s checks read and book it): the known one, or -- at the
         first sight of the request or of its rebuilt grammar -- a new one that has consumed exactly the tokens before
@@ -382,13 +388,15 @@ class LedgerPlan:
             for r in rows:
                 self._add(r.key, r.grammar, r.start, result.run(r.row), r.matcher, on_feed)
             return range(first, len(out))
-        entry_of = self.ledger.entry
+        entries, entry_of = self.ledger.entries, self.ledger.entry
         batch, batched, handles, packed = self._batch, self._batched, self._handles, self._packed
         mtype, handle = native.matcher_type, native.handle
         k = self._result_at.get(id(result))
         for key, grammar, matcher, start, row in rows:
             if type(matcher) is mtype and key not in batched:
-                entry = entry_of(key, grammar, start)
+                entry = entries.get(key)  # the known entry without a call (the per-row loop); else entry()
+                if entry is None or entry.grammar is not grammar:
+                    entry = entry_of(key, grammar, start)
                 if start == entry.consumed and start != entry.last:  # a fresh run (LedgerEntry)
                     if k is None:
                         k = self._result_at[id(result)] = len(self._results)

@@ -14,6 +14,7 @@ Decided once for every integration (hooks and patched SGLang alike):
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
@@ -41,6 +42,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sglang_eagle_overlap")
+# ``RowRun`` from one tuple of its fields (key, grammar, matcher, start, row), without the named tuple's Python
+# ``__new__`` frame: one is made per constrained request per result, on the scheduler thread
+_row_run = functools.partial(tuple.__new__, RowRun)
 
 # ``req`` / ``reqs`` are SGLang's ``Req`` objects and ``grammar`` its grammar objects: Any (SGLang ships no types).
 
@@ -223,7 +227,7 @@ def committed_rows(reqs: Sequence[Any], prefill: bool, finished: Optional[List[s
         if prefill and req.inflight_middle_chunks > 0:
             continue  # a chunk that did not finish the prompt emits no token
         row = _view_of(req, grammar).row  # its key and kind, made at its first mask build
-        out.append(RowRun(key=row.request_id, grammar=grammar, matcher=row.matcher, start=len(req.output_ids), row=i))
+        out.append(_row_run((row.request_id, grammar, row.matcher, len(req.output_ids), i)))
     return out
 
 

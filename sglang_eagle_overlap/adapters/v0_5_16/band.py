@@ -283,5 +283,9 @@ def feed_prefill_token(rt: Runtime, req: Any, next_token_id: int) -> None:
 
 
 def is_eagle_server(rt: Runtime, server_args: Any) -> bool:
-    """:meth:`Band016.is_eagle_server` of ``rt``'s band (the post-processing hooks' gate)."""
+    """:meth:`Band016.is_eagle_server` of ``rt``'s band (the post-processing hooks' gate, once per request and step:
+    the kept decision is read here, without a call)."""
+    known = getattr(rt.band, "eagle_server", None)
+    if known is not None and known[0] is server_args:
+        return bool(known[1])
     return band_of(rt).is_eagle_server(server_args)
