@@ -479,6 +479,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "probe's Breakdown) and report where (b) goes, per path, at the largest batch size; the "
                          "wrappers add a few microseconds per call, so the (b) of such a run is not the criterion's "
                          "(results file suffixed _breakdown)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="also cProfile every engine's scheduler thread over its grammar decode steps (the step "
+                         "probe's StepProfile: <pid>_bs<bs>.prof/.json in DIR, kept after the run); "
+                         "benchmarks/profile_compare.py compares two engines' profiles. Not a timing run")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
@@ -502,6 +506,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from sglang_eo_dev.cpu_runtime.step_times import BREAKDOWN_ENV
 
         os.environ[BREAKDOWN_ENV] = "1"  # every engine process, the `before` child's included
+    if args.profile:
+        from sglang_eo_dev.cpu_runtime.step_times import PROFILE_ENV
+
+        os.environ[PROFILE_ENV] = os.path.abspath(args.profile)
     with tempfile.TemporaryDirectory() as tmp:
         package_dir = ""
         if args.before:

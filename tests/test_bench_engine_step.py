@@ -7,6 +7,7 @@ once across nested regions; ``benchmarks/bench_engine_step.py`` reduces those re
 from __future__ import annotations
 
 import importlib.util
+import os
 import types
 from pathlib import Path
 
@@ -573,3 +574,35 @@ def test_compiled_sglang_functions_are_wrapped_and_nothing_else():
     assert a.compiled is b.compiled and getattr(a.compiled, "__eo_kernel_timed__", False)
     assert a.compiled.__wrapped__ is compiled and other.compiled is compiled
     assert a.plain is plain and a.stand_in is stand_in  # (calling the compiled one would compile: seconds)
+
+
+def test_step_profile_covers_grammar_decode_iterations_only_and_compares_per_step(tmp_path):
+    """The step probe's profile records only the loop iterations launched with a grammar decode batch, one profile per
+    batch size, written every ``every`` steps with its step count; ``profile_compare.per_step`` turns it into calls and
+    own time per step of the plugin's functions, and files a builtin's calls under its plugin caller."""
+    pkg = tmp_path / "src" / "sglang_eagle_overlap"
+    pkg.mkdir(parents=True)
+    (pkg / "probed.py").write_text("def work(xs):\n    return len(xs)\n")
+    probed = _load("eo_probed", pkg / "probed.py")
+    out = tmp_path / "prof"
+    out.mkdir()
+    profile = step_times.StepProfile(str(out), every=2)
+    profile.launch(True, 8)
+    probed.work([1])
+    probed.work([1, 2])
+    profile.launch(False, 8)  # an unconstrained iteration: not profiled
+    for _ in range(5):
+        probed.work([])
+    profile.launch(True, 8)
+    probed.work([3])
+    profile.launch(True, 64)  # the second bs-8 step ends: written
+    probed.work([4])
+    profile.launch(False, 64)  # one bs-64 step: not yet written (every 2)
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{os.getpid()}_bs8.{ext}" for ext in ("json", "prof"))
+    compare = _load("profile_compare", _ROOT / "benchmarks" / "profile_compare.py")
+    sides = compare.per_step(out, 8)
+    assert len(sides) == 1
+    (funcs,) = sides.values()
+    assert funcs[("probed.py", "work")][0] == pytest.approx(1.5)  # 3 calls over 2 steps
+    assert funcs[("probed.py", "work > <built-in method builtins.len>")][0] == pytest.approx(1.5)
+    assert compare.per_step(out, 64) == {}

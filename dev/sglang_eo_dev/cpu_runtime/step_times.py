@@ -81,12 +81,15 @@ import time
 import types
 from typing import Any, Callable, Optional, Tuple
 
-__all__ = ["BREAKDOWN_ENV", "PROBE_ENTRY_POINT", "STEP_TIMES_ENV", "Breakdown", "GrammarTimer", "StepClock",
-           "TensorOpTimer", "breakdown_summary", "install", "load", "read_step_times", "write_probe_distribution"]
+__all__ = ["BREAKDOWN_ENV", "PROBE_ENTRY_POINT", "PROFILE_ENV", "STEP_TIMES_ENV", "Breakdown", "GrammarTimer",
+           "StepClock", "StepProfile", "TensorOpTimer", "breakdown_summary", "install", "load", "read_step_times",
+           "write_probe_distribution"]
 
 STEP_TIMES_ENV = "SGLANG_EO_STEP_TIMES_FILE"
 # Opt-in (``bench_scheduler_budget.py --breakdown``): where the plugin's scheduler-thread time goes, per function
 BREAKDOWN_ENV = "SGLANG_EO_STEP_BREAKDOWN"
+# Opt-in (``bench_scheduler_budget.py --profile DIR``): a cProfile of the scheduler thread's grammar decode steps
+PROFILE_ENV = "SGLANG_EO_STEP_PROFILE_DIR"
 MAX_STEPS = 200000
 # name = target of this module's SGLang plugin entry point (group ``sglang.srt.plugins``)
 PROBE_ENTRY_POINT = ("eo_step_times", "sglang_eo_dev.cpu_runtime.step_times:load")
@@ -190,6 +193,51 @@ class Breakdown:
         out = {"bs": self.bs, "calls": self._calls}
         self._calls = {}
         return out
+
+
+class StepProfile:
+    """cProfile of the scheduler thread over the loop iterations that launched a speculative decode batch holding a
+    grammar request, one profile per batch size. Call order: :meth:`launch` at every ``run_batch`` launch, on the
+    scheduler thread (it ends the iteration in progress and starts the next one's profile when that batch is a
+    grammar decode batch). Every ``every`` profiled steps of a batch size it writes ``<dir>/<pid>_bs<bs>.prof``
+    (pstats) and ``<dir>/<pid>_bs<bs>.json`` (``{"steps", "plugin"}``: how many iterations the profile holds and the
+    file of the product plugin the engine imported, which tells a ``--before`` engine from this checkout's). Call
+    counts are exact; the times carry cProfile's per-call cost, so compare them only with another profile's."""
+
+    def __init__(self, directory: str, every: int = 20) -> None:
+        import cProfile
+
+        self._new = cProfile.Profile
+        self.directory = directory
+        self.every = every
+        self._profiles: dict[int, Any] = {}
+        self._steps: dict[int, int] = {}
+        self._on: Optional[int] = None
+        try:
+            import sglang_eagle_overlap
+
+            self._plugin = str(sglang_eagle_overlap.__file__)
+        except ImportError:
+            self._plugin = ""
+
+    def launch(self, grammar_decode: bool, bs: int) -> None:
+        if self._on is not None:
+            on, self._on = self._on, None
+            self._profiles[on].disable()
+            self._steps[on] += 1
+            if self._steps[on] % self.every == 0:
+                self._write(on)
+        if grammar_decode:
+            if bs not in self._profiles:
+                self._profiles[bs], self._steps[bs] = self._new(), 0
+            self._on = bs
+            self._profiles[bs].enable()
+
+    def _write(self, bs: int) -> None:
+        stem = os.path.join(self.directory, f"{os.getpid()}_bs{bs}")
+        self._profiles[bs].dump_stats(stem + ".prof")
+        with open(stem + ".json", "w", encoding="utf-8") as f:
+            json.dump({"steps": self._steps[bs], "plugin": self._plugin}, f)
 
 
 def breakdown_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
@@ -527,6 +575,7 @@ class _Recorder:
         self.ops = TensorOpTimer(lambda: self.forward._depth > 0, lambda: self.timer._depth > 0)
         self.clock = StepClock(self.timer, forward=self.forward, ops=self.ops)
         self.breakdown: Optional[Breakdown] = None  # opt-in (BREAKDOWN_ENV): install wraps its functions
+        self.profile: Optional[StepProfile] = None  # opt-in (PROFILE_ENV)
         # append: several scheduler processes (tensor parallel ranks) may share the file, each line is one write
         self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the scheduler's lifetime
         self._line({"pid": os.getpid()})
@@ -563,6 +612,9 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
             err = _wrap_region(rec.breakdown, module, attr, method)
             if err:
                 rec.error(f"breakdown function not timed: {err}")
+    if os.environ.get(PROFILE_ENV):
+        os.makedirs(os.environ[PROFILE_ENV], exist_ok=True)
+        rec.profile = StepProfile(os.environ[PROFILE_ENV])
     err = _wrap_region(rec.forward, *_FORWARD)
     if err:
         rec.error(f"forward not timed: {err}")
@@ -582,6 +634,8 @@ def install(scheduler: Any, sglang_version: tuple[int, ...]) -> None:
                 if flushed is not None:
                     rec._line({"breakdown": flushed})
                 rec.breakdown.bs = bs
+            if rec.profile is not None:
+                rec.profile.launch(bool(kind), bs)
         try:
             return run_batch(batch, *args, **kwargs)
         finally:
