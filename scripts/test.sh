@@ -41,7 +41,9 @@ echo "===== import contracts: $(( SECONDS - start )) s ====="
 for v in $VERSIONS; do
   echo "===== SGLang $v ====="
   start=$SECONDS
-  flock /tmp/sglang-engine.lock "$ROOT/.venvs/sglang-$v/bin/python" -m pytest -q -p no:cacheprovider "$@" tests \
+  # --durations: the slowest tests with their setup (engine starts), to keep the suite's time in view
+  flock /tmp/sglang-engine.lock "$ROOT/.venvs/sglang-$v/bin/python" -m pytest -q -p no:cacheprovider --durations=25 \
+    "$@" tests \
     || status=1
   echo "===== SGLang $v: $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s ====="
 done
