@@ -113,3 +113,39 @@ def test_schema_grammars_compiled_by_xgrammar():
     assert bounded({"$defs": chain, "$ref": "#/$defs/d0"})
     chain["d60"] = {"$ref": "#/$defs/d0"}
     assert not bounded({"$defs": chain, "$ref": "#/$defs/d0"})
+
+
+def test_admission_is_decided_once_per_grammar_and_remembered_per_matcher(monkeypatch):
+    """In this process (no forced text is asked for, so nothing can run away): ``admit`` answers the schema's verdict,
+    asks :func:`forcing_is_bounded` once per compiled grammar however many matchers share it, answers a matcher it
+    has seen without asking again, and drops the entries of freed grammars and matchers (a new grammar is judged on
+    its own)."""
+    import gc
+
+    import xgrammar as xgr
+
+    from sglang_eagle_overlap.core import forced as forced_mod
+    from sglang_eagle_overlap.core.forced import ForcedDrafts
+
+    asked = []
+
+    def counting(grammar: object) -> bool:
+        asked.append(id(grammar))  # not the object: the map must be free to drop it
+        return forcing_is_bounded(grammar)
+
+    monkeypatch.setattr(forced_mod, "forcing_is_bounded", counting)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(["</s>", "{", '"', "next", "}"], stop_token_ids=[0]))
+    ends = compiler.compile_json_schema(json.dumps(ENDS), any_whitespace=False)
+    endless = compiler.compile_json_schema(json.dumps(ENDLESS), any_whitespace=False)
+    f = ForcedDrafts(width=4, require_admission=True)
+    first, second = xgr.GrammarMatcher(ends), xgr.GrammarMatcher(ends)
+    assert f.admit(first, ends) is True
+    assert f.admit(second, ends) is True and asked == [id(ends)]  # the grammar's verdict, decided once
+    looping = xgr.GrammarMatcher(endless)
+    assert f.admit(looping, endless) is False and asked == [id(ends), id(endless)]
+    assert f.admit(looping, ends) is False and len(asked) == 2  # a matcher seen before: its own verdict, no question
+    del first, second, ends
+    gc.collect()
+    assert len(f._verdicts) == 1 and len(f._bounded) == 1  # the freed grammar's and matchers' entries are gone
+    again = compiler.compile_json_schema(json.dumps(ENDS), any_whitespace=False)
+    assert f.admit(xgr.GrammarMatcher(again), again) is True and len(asked) == 3  # a new grammar object: judged anew
