@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import RowRun
-from sglang_eagle_overlap.core import GrammarStep, MaskRequest
+from sglang_eagle_overlap.core import GrammarStep, MaskRequest, PendingTree
 from sglang_eagle_overlap.core.step import DeviceFaultError, is_device_fault
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import result_runs
@@ -138,3 +138,127 @@ def test_device_errors_are_told_from_grammar_errors():
         assert is_device_fault(outer)  # found through the cause chain
     assert not is_device_fault(ValueError("token 17 rejected"))
     assert not is_device_fault(RuntimeError("native walk failed: w2: matcher raised"))
+
+
+def test_a_device_error_chained_implicitly_is_still_found():
+    """A device error that was being handled when a grammar error was raised (``__context__`` only, no ``from``), and
+    one named as the cause of an error raised outside any handler (``__cause__`` only), are both device faults."""
+    try:
+        try:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        except RuntimeError:
+            raise ValueError("while feeding the runs")  # noqa: B904 -- the implicit chain is the point
+    except ValueError as outer:
+        assert outer.__cause__ is None and outer.__context__ is not None
+        assert is_device_fault(outer)
+    caused = ValueError("after the event wait")
+    caused.__cause__ = torch.AcceleratorError("unspecified launch failure")
+    assert caused.__context__ is None and is_device_fault(caused)
+
+
+def test_a_long_chain_of_grammar_errors_is_not_a_device_fault():
+    """However deep the chain of grammar errors, none of them is a device error: not a device fault."""
+    exc: BaseException = ValueError("token rejected")
+    for i in range(20):
+        nxt = KeyError(f"level {i}")
+        nxt.__cause__ = exc
+        exc = nxt
+    assert not is_device_fault(exc)
+
+
+def test_the_device_fault_names_the_device_error_and_how_to_locate_it(step):
+    """The raised error says which error the device gave (its type and message: the log is all an operator has) and
+    the environment variable that locates the failing kernel, spelt as CUDA reads it."""
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    job = start_job(step, RaisingEvent(error), None)
+    with pytest.raises(DeviceFaultError) as got:
+        step.finish_build(job, device="cpu")
+    text = str(got.value)
+    assert "(RuntimeError: CUDA error: an illegal memory access was encountered)" in text
+    assert "CUDA_LAUNCH_BLOCKING=1" in text
+
+
+def test_a_device_error_met_once_still_fails_the_step(step):
+    """A device error of the grammar thread fails the step even when the wait would succeed if tried again: the step
+    does not rebuild its masks in Python past a device error (a fault lasts; one that seems to pass is not trusted)."""
+    job = start_job(step, RaisingEvent(RuntimeError("CUDA error: device-side assert triggered"), times=1), None)
+    with pytest.raises(DeviceFaultError):
+        step.finish_build(job, device="cpu")
+
+
+def test_a_device_error_at_the_tree_wait_after_a_refused_native_call_fails_the_step(step):
+    """The grammar thread's call fails on a grammar error (the previous result's event raises it, once), so the
+    scheduler thread goes on in Python and waits for the tree itself: a device error there fails the step too."""
+    ms = [G.matcher("nested", VOCAB) for _ in range(2)]
+    docs = _docs(2)
+    rows = [RowRun(f"r{i}", object(), ms[i], 0, i) for i in range(2)]
+    runs = result_runs([d[:2] for d in docs], ready=RaisingEvent(ValueError("bad grammar state"), times=1))
+    tree_error = RuntimeError("CUDA error: unspecified launch failure")
+    host = step.copy_tree(*_tree(2)).host
+    # the tree's copy event raises the device error (the thread never reached it: it stopped at the first event)
+    tree = PendingTree(host=host, event=RaisingEvent(tree_error))
+    job = step.start_build([MaskRequest(matcher=m) for m in ms], tree, vocab_size=VOCAB,
+                           barrier=lambda: step.feed_later(rows, runs, None))
+    assert job.future is not None
+    with pytest.raises(DeviceFaultError) as got:
+        step.finish_build(job, device="cpu")
+    assert got.value.__cause__ is tree_error
+
+
+def test_runs_left_unfed_by_a_device_fault_are_logged_with_their_error(step, caplog):
+    """After a device fault, the runs queued for the step still wait on the failed event, so feeding them fails too:
+    the step raises the fault (what the caller must see) and logs the feed's error at ERROR, by type and message."""
+    job = start_job(step, RaisingEvent(RuntimeError("CUDA error: device-side assert triggered")), None)
+    with caplog.at_level("ERROR", logger="sglang_eagle_overlap"):
+        with pytest.raises(DeviceFaultError):
+            step.finish_build(job, device="cpu")
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1, errors
+    assert "after the device fault" in errors[0]
+    assert errors[0].endswith(": RuntimeError: CUDA error: device-side assert triggered"), errors[0]
+
+
+def test_a_device_error_of_the_inline_native_walk_fails_the_step(monkeypatch):
+    """Inline (no grammar thread): a device error raised by the native walk fails the step as on the thread path,
+    while a grammar error there is walked again in Python (the same mask as the native walk's)."""
+    s = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=False, native=native)
+    try:
+        ms = [G.matcher("nested", VOCAB) for _ in range(2)]
+        want = s.build_mask([MaskRequest(matcher=m) for m in ms], s.copy_tree(*_tree(2)), vocab_size=VOCAB,
+                            device="cpu").tree.bitmask.clone()
+        for error, raised in ((ValueError("matcher raised"), None), (RuntimeError("CUDA error: misaligned address"),
+                                                                     DeviceFaultError)):
+            def walk(*args: Any, error: BaseException = error) -> Any:
+                raise error
+
+            monkeypatch.setattr(s.builder, "walk_native", walk)
+            call = lambda: s.build_mask([MaskRequest(matcher=m) for m in ms], s.copy_tree(*_tree(2)),  # noqa: E731
+                                        vocab_size=VOCAB, device="cpu")
+            if raised is None:
+                assert torch.equal(call().tree.bitmask, want)
+            else:
+                with pytest.raises(raised):
+                    call()
+    finally:
+        s.close()
+
+
+def test_every_caller_whose_outcome_callback_raises_is_counted(step):
+    """Each waiting caller whose ``on_done`` raises is counted on the job (all are still told; the first error is
+    raised after)."""
+    docs = _docs(3)
+    ms = [G.matcher("nested", VOCAB) for _ in docs]
+
+    def fails(outcomes: Any) -> None:
+        raise KeyError("the host's bookkeeping failed")
+
+    def barrier() -> None:
+        for i in range(3):
+            step.feed_later([RowRun(f"r{i}", object(), ms[i], 0, 0)], result_runs([docs[i][:2]]),
+                            fails if i != 1 else (lambda o: None))
+
+    job = step.start_build([MaskRequest(matcher=m) for m in ms], step.copy_tree(*_tree(3)), vocab_size=VOCAB,
+                           barrier=barrier)
+    with pytest.raises(KeyError):
+        step.finish_build(job, device="cpu")
+    assert job.failed_callbacks == 2

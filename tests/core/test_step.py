@@ -141,6 +141,23 @@ def test_defaults_follow_the_documented_settings():
     assert not step.telemetry.timeline.enabled and step.telemetry.stats_file is None
 
 
+
+@pytest.mark.parametrize("upload_stream", [None, False, True])
+def test_a_step_given_no_parts_makes_its_own_with_the_documented_defaults(upload_stream):
+    """``GrammarStep()`` alone: the default settings, and a telemetry part of its own whose log period is the
+    documented one; given settings, the mask upload uses a side stream exactly when they say so."""
+    from sglang_eagle_overlap.core.step import StepConfig
+    from sglang_eagle_overlap.core.telemetry import StepTelemetry
+
+    step = GrammarStep() if upload_stream is None else GrammarStep(StepConfig(upload_stream=upload_stream))
+    try:
+        assert step.config == (StepConfig() if upload_stream is None else StepConfig(upload_stream=upload_stream))
+        assert type(step.telemetry) is StepTelemetry
+        assert step.telemetry.log_interval_s == Settings().log_interval_s
+        assert step.uploader.side_stream is bool(upload_stream)
+    finally:
+        step.close()
+
 # -- 1. tree copy ----------------------------------------------------------------------------------------------------
 def test_copy_tree_stamps_the_launch_and_hands_back_the_tree(tmp_path):
     probe = Probe()
@@ -479,3 +496,36 @@ def test_stats_file_that_cannot_be_written_never_fails_a_step(clock, tmp_path, c
     assert step.telemetry.stats.steps == 1 and not path.exists()
     (msg,) = [r.getMessage() for r in caplog.records if "cannot write stats file" in r.getMessage()]
     assert msg.startswith(f"sglang-eagle-overlap: cannot write stats file {path}: ") and "No such file" in msg
+
+
+@pytest.mark.parametrize("grammar_thread", [False, True])
+def test_tree_links_with_a_middle_dimension_are_read_as_one_row_per_request(grammar_thread):
+    """Links shaped ``[bs, 1, n]`` (the batch first, the nodes last) and a flat ``[bs * n]`` draft are read as
+    ``[bs, n]`` rows, inline and on the grammar thread: the same mask as from ``[bs, n]`` links, and the drafts of
+    request ``i`` are its row's ``n`` tokens."""
+    from sglang_eo_dev.helpers.native import native
+
+    matchers, nxt, sib, tok = _batch()
+    bs, n = nxt.shape
+    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=grammar_thread, native=native)
+    try:
+        pending = step.copy_tree(nxt.reshape(bs, 1, n), sib.reshape(bs, 1, n), tok.reshape(-1))
+        job = step.start_build([MaskRequest(matcher=m) for m in matchers], pending, vocab_size=VOCAB)
+        assert (job.future is not None) is grammar_thread
+        out = step.finish_build(job, device=CPU)
+    finally:
+        step.close()
+    assert out.tree.failed == [] and torch.equal(out.tree.bitmask, _reference_mask())
+
+
+def test_every_request_whose_grammar_fails_is_counted(clock):
+    """Two requests of one step fail: ``mask_failures`` counts requests (each is aborted), not steps."""
+    matchers, nxt, sib, tok = _batch()
+    reqs = [MaskRequest(grammar=BrokenGrammar(matchers[0], ok_fills=0), request_id="bad0"),
+            MaskRequest(matcher=matchers[1]),
+            MaskRequest(grammar=BrokenGrammar(matchers[2], ok_fills=0), request_id="bad2")]
+    step = make_step(mask_time_limit_s=None)
+    out = step.build_mask(reqs, PendingTree(host=(nxt, sib, tok)), vocab_size=VOCAB, device=CPU,
+                          draft_device=tok.reshape(-1).clone())
+    assert [i for i, _ in out.tree.failed] == [0, 2]
+    assert step.telemetry.stats.counters["mask_failures"] == 2

@@ -268,3 +268,14 @@ def test_report_names_the_grammar_thread_when_it_is_on(monkeypatch, caplog):
     assert "(grammar thread on: hand-off 1.000, join wait 4.000, its GIL time <= 2.000)" in line
     assert "forced drafts off" in line
 
+
+
+def test_the_telemetry_part_counts_events_by_name_one_or_k_at_a_time():
+    """``StepTelemetry.count`` (the part's own counter entry, for a host that holds the part rather than the step):
+    one event by default, ``k`` when given, each under its own name, as the snapshot reports them."""
+    telemetry = telemetry_mod.StepTelemetry()
+    telemetry.count("aborts")
+    telemetry.count("aborts")
+    telemetry.count("replays", 5)
+    snap = telemetry.snapshot()
+    assert (snap["aborts"], snap["replays"], snap["mask_failures"]) == (2, 5, 0)

@@ -289,3 +289,53 @@ def test_cuda_mask_upload_values_and_ordering(side):
     assert got == want
     assert up.side_uploads == (1 if side else 0) and up.uploads == 1
     up.fence()
+
+
+@pytest.mark.parametrize("on_host", [0, 1, 2], ids=["next-token", "sibling", "draft"])
+def test_one_host_tensor_among_device_ones_does_not_make_the_tree_a_host_tree(fake_device, on_host):
+    """Only a tree whose three tensors all live on the host passes straight through; with any one of them on the
+    device, the device ones are copied into host buffers and the copy's event is waited for."""
+    src = list(_device_tree(seed=4))
+    host_tensor = src[on_host] = _tree(seed=4)[on_host]
+    pending = HostTreeCopier().start(*src)
+    assert pending.event is fake_device.events[0] and not pending.resolved
+    h = pending.resolve()
+    assert h[on_host] is host_tensor
+    for t, want in zip(h, _tree(seed=4)):
+        assert type(t) is torch.Tensor and torch.equal(t, want)  # every one a host tensor with the tree's values
+
+
+@pytest.mark.parametrize("sizes", [[(1, 1), (1, 2), (1, 3), (2, 2)], [(4, 8), (3, 11), (3, 10), (8, 8), (9, 8)]])
+def test_host_buffers_are_the_smallest_power_of_two_that_holds_the_tree(fake_device, sizes):
+    """A buffer holds the largest tree seen so far in the smallest power of two of elements (never twice as many as
+    needed), and grows only when a tree outgrows it: a tree of 2**k elements fills its buffer exactly, one element
+    more allocates again."""
+    copier = HostTreeCopier(num_slots=1)
+    largest, held, allocations = 0, 0, 0
+    for bs, n in sizes:
+        nxt = copier.start(*_device_tree(bs=bs, n=n)).resolve()[0]
+        grew = bs * n > held  # only a tree the buffer cannot hold allocates (three tensors: three buffers)
+        allocations += 3 if grew else 0
+        largest = max(largest, bs * n)
+        held = nxt.untyped_storage().nbytes() // nxt.element_size()
+        assert largest <= held < 2 * largest and held & (held - 1) == 0, (bs, n, held)
+        assert copier.pinned_allocations == allocations, (bs, n)
+
+
+def test_the_side_stream_and_the_callers_stream_are_the_masks_devices():
+    """With a stream per device, the side stream is made on the mask's device and the stream that waits for the copy
+    is the caller's current stream on that device (not the current device's, which may be another GPU)."""
+    asked: List[tuple] = []
+
+    class PerDevice(_StreamApi):
+        def Stream(self, device=None) -> _Stream:  # noqa: N802 - torch's name
+            asked.append(("Stream", device))
+            return super().Stream(device)
+
+        def current_stream(self, device=None) -> _Stream:
+            asked.append(("current_stream", device))
+            return super().current_stream(device)
+
+    up = MaskUploader(side_stream=True, streams=lambda dev: PerDevice())
+    up.upload(torch.zeros(2, 3, dtype=torch.int32), "cpu")
+    assert asked == [("Stream", torch.device("cpu")), ("current_stream", torch.device("cpu"))]
