@@ -71,14 +71,16 @@ DEFAULT_GRAMMAR_THREAD_MIN_BATCH = 2
 DEFAULT_MASK_UPLOAD_STREAM = True
 # JSON-schema strings with ``maxLength`` compiled as control-character-free patterns (``core/schema.py``), per xgrammar
 # version: the largest ``maxLength`` rewritten. Only measured versions are listed; any other compiles schemas as sent.
-# xgrammar 0.2.7 (SGLang 0.5.23), 128k vocabulary (benchmarks/bench_mask_states.py --bound-sweep, 2026-11-28): the
-# pattern ``{0,N}`` fills in ~0.01 ms per token up to N = 128 and compiles in less time than ``maxLength: N``; from
-# N = 129 on xgrammar compiles it another way and each fill takes 100-250 ms. xgrammar 0.2.1 (SGLang 0.5.16) is not
-# listed: there the pattern fills as slowly as ``maxLength`` (same sweep), so the rewrite would only change tokens.
+# xgrammar 0.2.7 (SGLang 0.5.23), 128k vocabulary (benchmarks/bench_mask_states.py --bound-sweep, 2026-11-28,
+# benchmarks/results/mask_bound_0.2.7.md): the pattern ``{0,N}`` fills in <= 0.016 ms per token up to N = 128 and
+# compiles faster than ``maxLength: N``; from N = 129 on xgrammar compiles it another way and each fill takes
+# 100-200 ms. xgrammar 0.2.1 (SGLang 0.5.16) is not listed: there the pattern fills as slowly as ``maxLength``
+# (mask_bound_0.2.1.md, mask_rewrite_0.2.1.md), so there it would change tokens without a faster fill.
 MAX_LENGTH_PATTERN_BOUNDS: Mapping[str, int] = {"0.2.7": 128}
-# On where a bound is listed: on BENCH_SCHEMA the mask cost per output token drops from ~3 ms to ~0.003 ms on
-# xgrammar 0.2.7 (benchmarks/results/mask_rewrite_0.2.7.md, docs/benchmarks.md), and the only tokens that can differ
-# from the schema as sent are raw control characters inside such strings, which make the output invalid JSON.
+# On where a bound is listed: on BENCH_SCHEMA the mask cost per output token drops from 5.49 ms to 0.009 ms on xgrammar
+# 0.2.7, no fill over 5 ms instead of 182, compile 3.9 s instead of 4.5 s (bench_mask_states.py --rewrite,
+# benchmarks/results/mask_rewrite_0.2.7.md, docs/benchmarks.md); and the only tokens that can differ from the schema
+# as sent are raw control characters inside such strings, which make the output invalid JSON.
 DEFAULT_MAX_LENGTH_PATTERN = True
 # The mask time limit and the summary line's interval: the values ``Settings.from_env`` takes when a switch is unset.
 DEFAULT_MASK_TIME_LIMIT_MS = 50.0
@@ -143,7 +145,7 @@ SWITCH_DOCS: Mapping[str, SwitchDoc] = {
         "`1`: before xgrammar compiles a `json_schema` request, each string schema bounded only by `maxLength` (and "
         "`minLength`; no `pattern`, `format`, `enum`, `const` or other keyword but annotations) is compiled as the "
         "pattern `^[^\\x00-\\x1f\"\\\\]{min,max}$`: the same strings minus raw control characters (which are "
-        "not JSON), masked in ~0.01 ms instead of up to ~30 ms per token near the bound; SGLang's grammar cache keeps "
+        "not JSON), masked in ~0.01 ms per token instead of 1-30 ms near the bound; SGLang's grammar cache keeps "
         "the schema as sent. Only on an xgrammar measured faster with it: "
         + ", ".join(f"{v} (`maxLength` up to {n})" for v, n in MAX_LENGTH_PATTERN_BOUNDS.items())
         + "; nothing on xgrammar 0.2.1 (SGLang 0.5.16). `0`: schemas compiled as sent",
