@@ -12,15 +12,15 @@ the default path (the grammar thread: the step's native call on a helper thread)
 (``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``), and topk 4 with the native batch calls off
 (``SGLANG_EAGLE_OVERLAP_NATIVE=0``: the Python walk and feed they replace; the work then runs inline).
 The plugin's scheduler-side stats (``SGLANG_EAGLE_OVERLAP_STATS_FILE``, written by the scheduler process) prove its
-mask path ran there; with the plugin off no such file appears.
+mask path ran there; with the plugin off no such file appears. Engine starts: 2 pairs x (non-spec + topk 1 / 4 plugin
+on + topk 4 inline + topk 4 Python + topk 1 plugin off) = 12, one at a time (the pool keeps one engine).
 
 One request of the JSON-schema batch has a ``maxLength`` string (:data:`MAX_LENGTH_SCHEMA`): with the plugin on (its
 ``SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN`` default) SGLang 0.5.23 compiles it as a control-character-free pattern
 (counted as ``schemas_rewritten``; 0.5.16: not, its xgrammar gains nothing). Its output must validate against the
 schema as sent (``jsonschema``), equal the non-speculative baseline (plugin off: the ``maxLength`` grammar) token for
 token up to a token holding a raw control character (the one difference the rewrite may make), and SGLang's grammar
-cache must hold it under the schema text as sent (the CPU runtime records the cache's keys). Engine starts: 2 pairs x (non-spec + topk 1 / 4 plugin
-on + topk 4 inline + topk 4 Python + topk 1 plugin off) = 12, one at a time (the pool keeps one engine).
+cache must hold it under the schema text as sent (the CPU runtime records the cache's keys).
 """
 
 from __future__ import annotations
