@@ -23,11 +23,26 @@ Note on the text: with ``any_whitespace=False`` and no ``separators`` xgrammar's
 ``": "`` (json.dumps' defaults), so that is how the instance is written; a fully compact ``{"id":...}`` is rejected at
 the first ``":"``.
 
+Two more modes measure the plugin's ``SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN`` switch (``core/schema.py``: a
+string schema bounded only by ``maxLength`` / ``minLength`` compiled as ``^[^\x00-\x1f"\\]{min,max}$``):
+
+* ``--rewrite``: switch off (the schema as sent) against on (the plugin's rewrite, ``rewrite_max_length_strings`` with
+  the installed xgrammar's bound from ``settings.MAX_LENGTH_PATTERN_BOUNDS``, or ``--bound`` where none is listed), on
+  ``BENCH_SCHEMA`` and on ``benchmarks/schemas.py``'s ``TOOL_CALL_SCHEMA`` and ``EXTRACTION_SCHEMA``, each walked
+  over its valid instance as above: compile time, and mean / p99 / max fill ms per position and fills over 5 ms (per
+  position: the median of ``--repeats`` walks). Writes ``mask_rewrite_<xgrammar version>.{md,json}``.
+* ``--bound-sweep``: one object with one string of ``maxLength: N`` against the pattern ``{0,N}``, for each N of
+  ``--lengths``, walked over a string of exactly N characters: where the pattern stops being fast (the bound).
+  Writes ``mask_bound_<xgrammar version>.{md,json}``.
+
 Run (CPU only, a few minutes; the lock keeps the timings away from engine runs on shared machines)::
 
     flock /tmp/sglang-engine.lock nice -n 5 .venvs/sglang-0.5.16/bin/python benchmarks/bench_mask_states.py
     flock /tmp/sglang-engine.lock nice -n 5 .venvs/sglang-0.5.23/bin/python benchmarks/bench_mask_states.py
     python benchmarks/bench_mask_states.py --quick            # baseline + two variants, fewer repeats
+    flock /tmp/sglang-engine.lock nice -n 5 .venvs/sglang-0.5.23/bin/python benchmarks/bench_mask_states.py --rewrite
+    flock /tmp/sglang-engine.lock nice -n 5 .venvs/sglang-0.5.23/bin/python benchmarks/bench_mask_states.py \
+        --bound-sweep
 
 Writes ``mask_states_<xgrammar version>.{md,json}`` under ``--out`` (default ``benchmarks/results``). Not a test: no
 timing gates anything.
@@ -221,10 +236,12 @@ def walk(xgr: Any, compiled: Any, ids: Sequence[int], stop_id: int, vocab_size: 
 
 def summarize(ms: Sequence[float], n_output_tokens: int) -> Dict[str, Any]:
     out: Dict[str, Any] = {f"n_gt_{b:g}ms": sum(1 for x in ms if x > b) for b in SLOW_BINS_MS}
+    ranked = sorted(ms)
     out.update({
         "total_ms": round(sum(ms), 3),
         "ms_per_token": round(sum(ms) / n_output_tokens, 4),
         "median_ms": round(statistics.median(ms), 4),
+        "p99_ms": round(ranked[max(0, -(-99 * len(ranked) // 100) - 1)], 4),
         "max_ms": round(max(ms), 3),
     })
     return out
@@ -348,6 +365,202 @@ def write_md(result: Dict[str, Any], path: Path, top: int) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# --- the maxLength-pattern switch ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One schema of the ``--rewrite`` comparison and the valid instance walked over it."""
+
+    name: str
+    what: str
+    schema: Dict[str, Any]
+    instance: Dict[str, Any]
+
+
+def rewrite_shapes(items: int, seed: int) -> List[Shape]:
+    from benchmarks.schemas import EXTRACTION_INSTANCE, EXTRACTION_SCHEMA, TOOL_CALL_INSTANCE, TOOL_CALL_SCHEMA
+
+    return [
+        Shape("bench_schema", "BENCH_SCHEMA (the GPU table's schema): 4 maxLength strings, 2 patterns",
+              BENCH_SCHEMA, make_instance(items, seed)),
+        Shape("tool_call", "TOOL_CALL_SCHEMA: a function call, 4 maxLength strings (one of 400, over the bound), a "
+              "const name, a date-time format", TOOL_CALL_SCHEMA, TOOL_CALL_INSTANCE),
+        Shape("extraction", "EXTRACTION_SCHEMA: invoice fields, 8 maxLength strings (several filled close to the "
+              "bound), an enum", EXTRACTION_SCHEMA, EXTRACTION_INSTANCE),
+    ]
+
+
+def tokenize_checked(tokenizer: Any, text: str) -> List[int]:
+    ids: List[int] = tokenizer.encode(text, add_special_tokens=False)
+    if tokenizer.decode(ids) != text:
+        raise AssertionError("tokenizer round trip changed the text")
+    return ids
+
+
+def run_rewrite(xgr: Any, info: Any, tokenizer: Any, stop_id: int, bound: int, repeats: int, items: int,
+                seed: int) -> Dict[str, Any]:
+    """Each shape compiled as sent (switch off) and as the plugin rewrites it (switch on), walked over its instance."""
+    import jsonschema
+
+    from sglang_eagle_overlap.core.schema import rewrite_max_length_strings
+
+    out: Dict[str, Any] = {}
+    for shape in rewrite_shapes(items, seed):
+        jsonschema.validate(shape.instance, shape.schema)
+        ids = tokenize_checked(tokenizer, serialise(shape.instance))
+        rewrite = rewrite_max_length_strings(shape.schema, bound)
+        row: Dict[str, Any] = {"what": shape.what, "n_tokens": len(ids),
+                               "rewritten": [dataclasses.asdict(r) for r in rewrite.rewritten],
+                               "left_alone": [dataclasses.asdict(a) for a in rewrite.left_alone],
+                               "schema_on": rewrite.schema}
+        for switch, schema in (("off", shape.schema), ("on", rewrite.schema)):
+            r = run_variant(xgr, info, schema, ids, stop_id, repeats)
+            row[switch] = {"compile_s": r["compile_s"], "summary": r["summary"], "median_ms": r["median_ms"],
+                           "wall_s": r["wall_s"]}
+            m = r["summary"]["median"]
+            print(f"{shape.name:13s} switch {switch:3s} compile {r['compile_s']:6.2f}s  mean {m['ms_per_token']:8.4f}"
+                  f"  p99 {m['p99_ms']:8.3f}  max {m['max_ms']:7.2f}  >5 ms {m['n_gt_5ms']}  ({r['wall_s']:.1f}s)",
+                  flush=True)
+        out[shape.name] = row
+    return out
+
+
+def write_rewrite_md(result: Dict[str, Any], path: Path) -> None:
+    meta = result["meta"]
+    lines = [
+        f"# maxLength strings as patterns (SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN): mask cost, xgrammar "
+        f"{meta['xgrammar']}, {meta['vocab_size']}-token vocabulary",
+        "",
+        f"`{meta['command']}`  ",
+        f"Machine: {meta['machine']['cpus']} CPUs ({meta['machine']['machine']}, shared with other work), python "
+        f"{meta['machine']['python']}, sglang {meta['sglang']}. Tokenizer: {meta['tokenizer']}. Started "
+        f"{meta['started']}.  ",
+        f"Bound: maxLength <= {meta['bound']} rewritten ({meta['bound_source']}).  ",
+        "Per shape, a valid instance is tokenised and walked by a fresh matcher (every token must be in the mask); "
+        f"each position's fill is the median of {meta['repeats']} walks after a first one. mean = total fill time / "
+        "positions (ms per output token); p99 and max over positions; compile = `compile_json_schema` once, cache "
+        "off. One bitmask row, CPU, one thread.",
+        "",
+        "| shape | positions | switch | compile s | mean ms/token | p99 ms | max ms | fills > 5 ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in result["shapes"].items():
+        for switch in ("off", "on"):
+            m = row[switch]["summary"]["median"]
+            lines.append(f"| {name} | {row['n_tokens'] + 1} | {switch} | {row[switch]['compile_s']:.2f} | "
+                         f"{m['ms_per_token']:.4f} | {m['p99_ms']:.3f} | {m['max_ms']:.2f} | {m['n_gt_5ms']} |")
+    lines += ["", "## What the rewrite did", ""]
+    for name, row in result["shapes"].items():
+        done = ", ".join(f"`{r['pointer']}` ({r['min_length']}..{r['max_length']})" for r in row["rewritten"])
+        left = ", ".join(f"`{a['pointer']}` ({a['reason']})" for a in row["left_alone"]) or "none"
+        lines.append(f"- **{name}** ({row['what']}): rewritten {done or 'nothing'}; maxLength strings left alone: "
+                     f"{left}.")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def sweep_text(n: int) -> str:
+    """A string of exactly ``n`` characters of words (so the tokenizer uses multi-character tokens)."""
+    words = "the quick brown fox jumps over a lazy dog while seven cats watch from distant hills and".split()
+    out = ""
+    i = 0
+    while len(out) < n:
+        out += words[i % len(words)] + " "
+        i += 1
+    return out[:n]
+
+
+def run_bound_sweep(xgr: Any, info: Any, tokenizer: Any, stop_id: int, lengths: Sequence[int], repeats: int
+                    ) -> Dict[str, Any]:
+    """For each N: ``{"a": maxLength N}`` against ``{"a": pattern {0,N}}``, walked over a string of N characters."""
+    from sglang_eagle_overlap.core.schema import control_free_pattern
+
+    out: Dict[str, Any] = {}
+    for n in lengths:
+        ids = tokenize_checked(tokenizer, serialise({"a": sweep_text(n)}))
+        row: Dict[str, Any] = {"n_tokens": len(ids)}
+        for form, string in (("maxLength", {"type": "string", "maxLength": n}),
+                             ("pattern", {"type": "string", "pattern": control_free_pattern(0, n)})):
+            schema = {"type": "object", "properties": {"a": string}, "required": ["a"], "additionalProperties": False}
+            r = run_variant(xgr, info, schema, ids, stop_id, repeats)
+            row[form] = {"compile_s": r["compile_s"], "summary": r["summary"]["median"], "wall_s": r["wall_s"]}
+            m = r["summary"]["median"]
+            print(f"N={n:4d} {form:9s} compile {r['compile_s']:6.2f}s  mean {m['ms_per_token']:8.4f}  "
+                  f"max {m['max_ms']:7.2f}  >5 ms {m['n_gt_5ms']}  ({r['wall_s']:.1f}s)", flush=True)
+        out[str(n)] = row
+    return out
+
+
+def write_bound_md(result: Dict[str, Any], path: Path) -> None:
+    meta = result["meta"]
+    lines = [
+        f"# maxLength N against the pattern {{0,N}}: compile and fill cost by N, xgrammar {meta['xgrammar']}, "
+        f"{meta['vocab_size']}-token vocabulary",
+        "",
+        f"`{meta['command']}`  ",
+        f"Machine: {meta['machine']['cpus']} CPUs ({meta['machine']['machine']}, shared with other work), python "
+        f"{meta['machine']['python']}, sglang {meta['sglang']}. Tokenizer: {meta['tokenizer']}. Started "
+        f"{meta['started']}.  ",
+        "Schema: one object with one string `a`, either `maxLength: N` or `pattern: ^[^\\x00-\\x1f\"\\\\]{0,N}$`; "
+        "walked over a string of exactly N characters (the last positions are the slow ones for maxLength). Each "
+        f"position's fill is the median of {meta['repeats']} walks after a first one.",
+        "",
+        "| N | positions | form | compile s | mean ms/token | max ms | fills > 5 ms |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for n, row in result["lengths"].items():
+        for form in ("maxLength", "pattern"):
+            m = row[form]["summary"]
+            lines.append(f"| {n} | {row['n_tokens'] + 1} | {form} | {row[form]['compile_s']:.2f} | "
+                         f"{m['ms_per_token']:.4f} | {m['max_ms']:.2f} | {m['n_gt_5ms']} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def switch_main(args: argparse.Namespace, xgr: Any, info: Any, tokenizer: Any, stop_id: int) -> int:
+    """``--rewrite`` / ``--bound-sweep``: run, then write the md and json of that mode."""
+    from sglang_eagle_overlap.settings import MAX_LENGTH_PATTERN_BOUNDS
+
+    xgr_version = version("xgrammar")
+    listed = MAX_LENGTH_PATTERN_BOUNDS.get(xgr_version)
+    bound = args.bound if args.bound is not None else (listed if listed is not None else 128)
+    source = (f"--bound {args.bound}" if args.bound is not None else
+              f"settings.MAX_LENGTH_PATTERN_BOUNDS for xgrammar {xgr_version}: the plugin rewrites here"
+              if listed is not None else
+              f"xgrammar {xgr_version} has no entry in settings.MAX_LENGTH_PATTERN_BOUNDS, so the plugin does NOT "
+              "rewrite here; measured with 128 to show what the rewrite would give")
+    meta: Dict[str, Any] = {
+        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT),
+                                                      "benchmarks/bench_mask_states.py", *sys.argv[1:]]),
+        "xgrammar": xgr_version, "sglang": version("sglang"), "machine": _machine(),
+        "tokenizer": f"sglang_eo_dev build_tokenizer({VOCAB_SIZE}) (byte-level BPE)", "vocab_size": VOCAB_SIZE,
+        "any_whitespace": False, "repeats": args.repeats, "bound": bound, "bound_source": source,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        if args.rewrite:
+            result = {"meta": meta, "shapes": run_rewrite(xgr, info, tokenizer, stop_id, bound, args.repeats,
+                                                          args.items, args.seed)}
+            stem = out / f"mask_rewrite_{xgr_version}"
+            write_rewrite_md(result, Path(f"{stem}.md"))
+        else:
+            lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+            result = {"meta": meta, "lengths": run_bound_sweep(xgr, info, tokenizer, stop_id, lengths,
+                                                               args.repeats)}
+            stem = out / f"mask_bound_{xgr_version}"
+            write_bound_md(result, Path(f"{stem}.md"))
+    finally:
+        if gc_was:
+            gc.enable()
+    result["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    Path(f"{stem}.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    print(f"wrote {stem}.md and .json")
+    return 0
+
+
 # --- main ----------------------------------------------------------------------------------------------------------
 
 
@@ -360,6 +573,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"variants {', '.join(QUICK_VARIANTS)}, 1 repeat")
     ap.add_argument("--top", type=int, default=30, help="slowest baseline positions listed in the md")
     ap.add_argument("--seed", type=int, default=0)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--rewrite", action="store_true",
+                      help="the maxLength-pattern switch off vs on, on three schema shapes (mask_rewrite_*)")
+    mode.add_argument("--bound-sweep", action="store_true",
+                      help="maxLength N vs the pattern {0,N} for each N of --lengths (mask_bound_*)")
+    ap.add_argument("--bound", type=int, default=None,
+                    help="--rewrite: the largest maxLength rewritten (default: the installed xgrammar's bound)")
+    ap.add_argument("--lengths", default="12,32,64,96,128,129,256", help="--bound-sweep: the Ns, comma list")
     args = ap.parse_args(argv)
     names = list(QUICK_VARIANTS) if args.quick else [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
@@ -378,6 +599,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stop_ids = list(info.stop_token_ids)
     if not stop_ids:
         raise RuntimeError("the tokenizer has no stop token")
+    if args.rewrite or args.bound_sweep:
+        sys.path.insert(0, str(ROOT))  # the plugin's package of this checkout (the rewrite and its bounds)
+        return switch_main(args, xgr, info, tokenizer, stop_ids[0])
     schema = BENCH_SCHEMA
     doc = make_instance(args.items, args.seed)
     text = serialise(doc)

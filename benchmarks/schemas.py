@@ -14,6 +14,12 @@ Usage::
     from benchmarks.schemas import make_dataset
     for case in make_dataset(16, seed=0):
         case.prompt, case.schema, case.features
+
+Two fixed schema shapes with a valid instance each, for engine-free mask benchmarks
+(``benchmarks/bench_mask_states.py --rewrite``): :data:`TOOL_CALL_SCHEMA` (a function call: a ``const`` name and
+arguments with bounded strings, a ``format`` string and one string over the pattern bound) and
+:data:`EXTRACTION_SCHEMA` (fields extracted from an invoice: many ``maxLength`` strings, some filled close to their
+bound).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 
-__all__ = ["FEATURES", "FAMILIES", "Case", "make_dataset", "schema_features"]
+__all__ = ["EXTRACTION_INSTANCE", "EXTRACTION_SCHEMA", "FEATURES", "FAMILIES", "TOOL_CALL_INSTANCE",
+           "TOOL_CALL_SCHEMA", "Case", "make_dataset", "schema_features"]
 
 FEATURES: Tuple[str, ...] = ("nested", "array", "enum", "pattern", "optional")
 
@@ -185,6 +192,90 @@ FAMILIES: Dict[str, Callable[[random.Random], Tuple[Dict[str, Any], str]]] = {
     "recipe": _recipe,
     "support_ticket": _support_ticket,
     "sensor_report": _sensor_report,
+}
+
+
+TOOL_CALL_SCHEMA: Dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "create_calendar_event"},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "minLength": 1, "maxLength": 64, "description": "shown in the calendar"},
+                "location": {"type": "string", "maxLength": 48},
+                "start": {"type": "string", "format": "date-time"},
+                "duration_minutes": {"type": "integer", "minimum": 5, "maximum": 480},
+                "attendees": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 1,
+                              "maxItems": 8},
+                "notes": {"type": "string", "maxLength": 400},
+            },
+            "required": ["title", "location", "start", "duration_minutes", "attendees", "notes"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+TOOL_CALL_INSTANCE: Dict[str, Any] = {
+    "name": "create_calendar_event",
+    "arguments": {
+        "title": "Quarterly roadmap review with the platform and data teams",
+        "location": "Building 4, room 212 (Lisbon office)",
+        "start": "2026-12-03T14:30:00Z",
+        "duration_minutes": 90,
+        "attendees": ["Ada Okafor", "Bruno Lindqvist", "Chiara Moreau <c.moreau@example.org>"],
+        "notes": "Bring the capacity plan and the list of open incidents; we decide on the Q1 migration order.",
+    },
+}
+EXTRACTION_SCHEMA: Dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "vendor": {"type": "string", "maxLength": 48},
+        "contact": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 32}, "email": {"type": "string", "maxLength": 48},
+                           "phone": {"type": "string", "minLength": 7, "maxLength": 20}},
+            "required": ["name", "email", "phone"],
+            "additionalProperties": False,
+        },
+        "invoice_number": {"type": "string", "minLength": 3, "maxLength": 16},
+        "currency": {"enum": ["EUR", "GBP", "USD"]},
+        "total": {"type": "number", "minimum": 0},
+        "line_items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"description": {"type": "string", "maxLength": 40},
+                               "sku": {"type": "string", "maxLength": 12},
+                               "quantity": {"type": "integer", "minimum": 1, "maximum": 999}},
+                "required": ["description", "sku", "quantity"],
+                "additionalProperties": False,
+            },
+            "minItems": 1,
+            "maxItems": 20,
+        },
+        "summary": {"type": "string", "maxLength": 96},
+    },
+    "required": ["vendor", "contact", "invoice_number", "currency", "total", "line_items", "summary"],
+    "additionalProperties": False,
+}
+EXTRACTION_INSTANCE: Dict[str, Any] = {
+    "vendor": "Ferreira & Novak Industrial Supplies Ltd.",
+    "contact": {"name": "Ines Haddad-Kowalski", "email": "accounts.receivable@ferreira-novak.pt",
+                "phone": "+351 21 555 0198"},
+    "invoice_number": "FNI-2026-11-0457",
+    "currency": "EUR",
+    "total": 18432.75,
+    "line_items": [
+        {"description": "Stainless hex bolts M8x40, box of 200", "sku": "HB-M840-200", "quantity": 12},
+        {"description": "Nylon lock nuts M8, box of 500", "sku": "LN-M8-500", "quantity": 6},
+        {"description": "Angle grinder discs 125 mm (25 pack)", "sku": "AGD125-25", "quantity": 40},
+        {"description": "Safety gloves, cut level C, size 9", "sku": "SG-C9", "quantity": 150},
+        {"description": "Pallet delivery, Porto depot", "sku": "DLV-PRT", "quantity": 1},
+        {"description": "Thread-locking adhesive, 50 ml", "sku": "TLA-50", "quantity": 24},
+    ],
+    "summary": "Consumables and fasteners for the November maintenance stop, delivered to the Porto depot.",
 }
 
 

@@ -104,11 +104,13 @@ def load() -> None:
             f"The plugin stays off (SGLang's own grammar path is used). Report this with your SGLang version, or set "
             f"{ENV['enabled']}=0 to silence it."
         )
-    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.integration import runtime, schemas
 
     adapter.activate(runtime.create(settings))
     _state["adapter"] = adapter
     logger.info("sglang-eagle-overlap: active on SGLang %s (%s)", ver, adapter.name)
+    logger.info("sglang-eagle-overlap: %s",
+                schemas.describe(settings, runtime.installed_xgrammar(), getattr(adapter, "compiles_schemas", False)))
 
 
 def _refuse(message: str) -> NoReturn:

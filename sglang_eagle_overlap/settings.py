@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Type, Union
 
 __all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH",
-           "DEFAULT_LOG_INTERVAL_S", "DEFAULT_MASK_TIME_LIMIT_MS", "DEFAULT_MASK_UPLOAD_STREAM", "ENV",
-           "FORCED_DRAFTS_AUTO_ALGORITHMS", "SWITCH_DOCS", "Settings", "SettingsError", "SwitchDoc",
-           "default_mask_threads", "markdown_table"]
+           "DEFAULT_LOG_INTERVAL_S", "DEFAULT_MASK_TIME_LIMIT_MS", "DEFAULT_MASK_UPLOAD_STREAM",
+           "DEFAULT_MAX_LENGTH_PATTERN", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "MAX_LENGTH_PATTERN_BOUNDS",
+           "SWITCH_DOCS", "Settings", "SettingsError", "SwitchDoc", "default_mask_threads", "markdown_table"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -31,6 +31,7 @@ ENV = {
     "mask_upload_stream": "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
     "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
+    "max_length_pattern": "SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN",
 }
 # Grammar-forced drafts: ``None`` is "auto", on where the draft model does not know the output's structure
 # (STANDALONE: a generic small model drafts) and off for drafts trained on the target's outputs (EAGLE, EAGLE3, NEXTN).
@@ -68,6 +69,19 @@ DEFAULT_GRAMMAR_THREAD_MIN_BATCH = 2
 # upload on the verify's stream at every batch size, by 0.2 (bs 8) to 2.1 (bs 64) points of the step over
 # unconstrained, one round per cell. Nothing changes on the CPU, where there is no upload.
 DEFAULT_MASK_UPLOAD_STREAM = True
+# JSON-schema strings with ``maxLength`` compiled as control-character-free patterns (``core/schema.py``), per xgrammar
+# version: the largest ``maxLength`` rewritten. Only measured versions are listed; any other compiles schemas as sent.
+# xgrammar 0.2.7 (SGLang 0.5.23), 128k vocabulary (benchmarks/bench_mask_states.py --bound-sweep, 2026-11-28,
+# benchmarks/results/mask_bound_0.2.7.md): the pattern ``{0,N}`` fills in <= 0.016 ms per token up to N = 128 and
+# compiles faster than ``maxLength: N``; from N = 129 on xgrammar compiles it another way and each fill takes
+# 100-200 ms. xgrammar 0.2.1 (SGLang 0.5.16) is not listed: there the pattern fills as slowly as ``maxLength``
+# (mask_bound_0.2.1.md, mask_rewrite_0.2.1.md), so there it would change tokens without a faster fill.
+MAX_LENGTH_PATTERN_BOUNDS: Mapping[str, int] = {"0.2.7": 128}
+# On where a bound is listed: on BENCH_SCHEMA the mask cost per output token drops from 5.49 ms to 0.009 ms on xgrammar
+# 0.2.7, no fill over 5 ms instead of 182, compile 3.9 s instead of 4.5 s (bench_mask_states.py --rewrite,
+# benchmarks/results/mask_rewrite_0.2.7.md, docs/benchmarks.md); and the only tokens that can differ from the schema
+# as sent are raw control characters inside such strings, which make the output invalid JSON.
+DEFAULT_MAX_LENGTH_PATTERN = True
 # The mask time limit and the summary line's interval: the values ``Settings.from_env`` takes when a switch is unset.
 DEFAULT_MASK_TIME_LIMIT_MS = 50.0
 DEFAULT_LOG_INTERVAL_S = 30.0
@@ -127,6 +141,15 @@ SWITCH_DOCS: Mapping[str, SwitchDoc] = {
         "`1`: the batch's xgrammar calls go through the plugin's native module, built on first use with the host's "
         "C++ compiler, and a failed build is an error; `0`: Python only; unset: auto, native when it builds (a "
         "warning otherwise)", "auto"),
+    "max_length_pattern": SwitchDoc(
+        "`1`: before xgrammar compiles a `json_schema` request, each string schema bounded only by `maxLength` (and "
+        "`minLength`; no `pattern`, `format`, `enum`, `const` or other keyword but annotations) is compiled as the "
+        "pattern `^[^\\x00-\\x1f\"\\\\]{min,max}$`: the same strings minus raw control characters (which are "
+        "not JSON), masked in ~0.01 ms per token instead of 1-30 ms near the bound; SGLang's grammar cache keeps "
+        "the schema as sent. Only on an xgrammar measured faster with it: "
+        + ", ".join(f"{v} (`maxLength` up to {n})" for v, n in MAX_LENGTH_PATTERN_BOUNDS.items())
+        + "; nothing on xgrammar 0.2.1 (SGLang 0.5.16). `0`: schemas compiled as sent",
+        _on_off(DEFAULT_MAX_LENGTH_PATTERN)),
 }
 
 
@@ -172,6 +195,14 @@ class Settings:
     mask_upload_stream: bool = DEFAULT_MASK_UPLOAD_STREAM
     forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
     native: Optional[bool] = None  # None: auto (native when it builds), True: required, False: Python only
+    max_length_pattern: bool = DEFAULT_MAX_LENGTH_PATTERN
+
+    def max_length_pattern_bound(self, xgrammar_version: Optional[str]) -> Optional[int]:
+        """The largest ``maxLength`` compiled as a pattern with xgrammar ``xgrammar_version``: None when the switch
+        is off or that version's bound was not measured (:data:`MAX_LENGTH_PATTERN_BOUNDS`)."""
+        if not self.max_length_pattern or xgrammar_version is None:
+            return None
+        return MAX_LENGTH_PATTERN_BOUNDS.get(xgrammar_version)
 
     def forced_drafts_for(self, algorithm: str) -> bool:
         """Whether grammar-forced drafts run for speculative ``algorithm`` (its SGLang name, e.g. ``EAGLE3``): the
@@ -211,6 +242,7 @@ class Settings:
         mask_upload_stream = flag("mask_upload_stream", DEFAULT_MASK_UPLOAD_STREAM)
         forced_drafts = optional_flag("forced_drafts")
         native = optional_flag("native")
+        max_length_pattern = flag("max_length_pattern", DEFAULT_MAX_LENGTH_PATTERN)
         interval_raw = get("log_interval_s")
         interval = (DEFAULT_LOG_INTERVAL_S if not interval_raw
                     else _number(ENV["log_interval_s"], interval_raw, float, 0.0))
@@ -226,6 +258,7 @@ class Settings:
             mask_upload_stream=mask_upload_stream,
             forced_drafts=forced_drafts,
             native=native,
+            max_length_pattern=max_length_pattern,
         )
 
 

@@ -60,6 +60,7 @@ def test_documented_defaults_are_the_parsers():
     assert docs["enabled"].default == "on" and parsed.enabled
     assert docs["forced_drafts"].default == "auto" and parsed.forced_drafts is None
     assert docs["native"].default == "auto" and parsed.native is None
+    assert flag[docs["max_length_pattern"].default] is parsed.max_length_pattern
     assert docs["stats_file"].default == "none" and parsed.stats_file is None
     assert docs["timeline_file"].default == "none" and parsed.timeline_file is None
 

@@ -167,6 +167,41 @@ def test_settings_are_read_once_into_one_object():
         Settings.from_env({"SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM": "side"})
 
 
+def test_the_max_length_pattern_switch_and_its_measured_bounds():
+    from sglang_eagle_overlap.settings import MAX_LENGTH_PATTERN_BOUNDS, Settings
+
+    assert MAX_LENGTH_PATTERN_BOUNDS == {"0.2.7": 128}  # the measured table (docs/benchmarks.md); 0.2.1 gains nothing
+    on = Settings.from_env({})
+    assert on.max_length_pattern is True
+    assert on.max_length_pattern_bound("0.2.7") == 128
+    for other in ("0.2.1", "0.2.8", "0.3.0", None):  # only measured versions rewrite
+        assert on.max_length_pattern_bound(other) is None, other
+    off = Settings.from_env({"SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN": "0"})
+    assert off.max_length_pattern is False and off.max_length_pattern_bound("0.2.7") is None
+    assert Settings.from_env({"SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN": "on"}).max_length_pattern is True
+    with pytest.raises(ValueError, match="SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN"):
+        Settings.from_env({"SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN": "128"})
+
+
+def test_the_runtime_takes_the_installed_xgrammars_bound(monkeypatch):
+    from sglang_eagle_overlap.integration import runtime, schemas
+    from sglang_eagle_overlap.settings import Settings
+
+    for installed, switch, want in (("0.2.7", True, 128), ("0.2.7", False, None), ("0.2.1", True, None),
+                                    (None, True, None)):
+        monkeypatch.setattr(runtime, "installed_xgrammar", lambda v=installed: v)
+        runtime.reset()
+        try:
+            settings = Settings(max_length_pattern=switch)
+            assert runtime.create(settings).max_length_pattern_bound == want, (installed, switch)
+            line = schemas.describe(settings, installed, hooked=True)
+            assert ("maxLength <= 128" in line) is (want is not None), line
+        finally:
+            runtime.reset()
+    # a band without the JSON-schema hook (SGLang 0.5.16) says the switch does nothing there
+    assert "has no effect" in schemas.describe(Settings(), "0.2.7", hooked=False)
+
+
 def test_the_runtime_loads_the_native_module_unless_switched_off():
     from sglang_eagle_overlap.integration import runtime
     from sglang_eagle_overlap.settings import Settings

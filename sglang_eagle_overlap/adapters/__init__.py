@@ -8,7 +8,9 @@ alike) and one module per hooked target that only translates SGLang's call into 
 * ``name: str``
 * ``register(registry)`` -- register every hook with SGLang's ``HookRegistry`` (no SGLang import at module level);
 * ``verify() -> list[str]`` -- after ``apply_hooks()``, the descriptions of hooks that did NOT land (empty = all ok);
-* ``activate(runtime)`` -- switch the hooks from pass-through to the plugin's behaviour.
+* ``activate(runtime)`` -- switch the hooks from pass-through to the plugin's behaviour;
+* ``compiles_schemas: bool`` (optional, default False) -- whether it hooks SGLang's JSON-schema compile (the
+  ``maxLength``-pattern rewrite, :mod:`sglang_eagle_overlap.integration.schemas`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from sglang_eagle_overlap.core.forced import BatchEncoder, ForcedDrafts
 from sglang_eagle_overlap.core.ledger import FeedOutcome, ResultRuns, RowRun, Run
 from sglang_eagle_overlap.core.mask import MaskBatch, MaskRequest
 from sglang_eagle_overlap.core.native import NativeGrammar, NativeUnavailable, load_native
+from sglang_eagle_overlap.core.schema import SchemaTextRewrite, rewrite_schema_text
 from sglang_eagle_overlap.core.step import GrammarStep, MaskJob, StepConfig, StepMask
 from sglang_eagle_overlap.core.telemetry import StepTelemetry
 from sglang_eagle_overlap.core.timeline import process_timeline
@@ -28,9 +29,11 @@ __all__ = [
     "ResultRuns",
     "RowRun",
     "Run",
+    "SchemaTextRewrite",
     "StepConfig",
     "StepMask",
     "StepTelemetry",
     "load_native",
     "process_timeline",
+    "rewrite_schema_text",
 ]

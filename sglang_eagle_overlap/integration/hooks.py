@@ -119,6 +119,7 @@ class BandAdapter:
 
     name: str = ""
     hooks: Tuple[Hook, ...] = ()
+    compiles_schemas: bool = False  # hooks SGLang's JSON-schema compile (integration.schemas: maxLength patterns)
 
     def register(self, registry: Any) -> None:
         register_hooks(registry, self.hooks)

@@ -21,7 +21,8 @@ from sglang_eagle_overlap.settings import Settings, SettingsError
 
 logger = logging.getLogger("sglang_eagle_overlap")
 
-__all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "load_native_for", "reset"]
+__all__ = ["Runtime", "active", "create", "current", "for_patched_sglang", "installed_xgrammar", "load_native_for",
+           "reset"]
 
 
 @dataclass
@@ -36,6 +37,8 @@ class Runtime:
     band: Optional[Band] = None
     origin: str = "plugin"
     forced_decided: bool = False  # forced drafts on "auto": kept or dropped at the first verify (drafts.before_verify)
+    # the largest maxLength a band's JSON-schema hook compiles as a pattern (None: schemas compile as sent)
+    max_length_pattern_bound: Optional[int] = None
 
 
 _process: List[Optional[Runtime]] = [None]
@@ -73,10 +76,21 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         forced=ForcedDrafts(require_admission=True) if settings.forced_drafts is not False else None,
         native=None if settings.native is False else functools.partial(load_native_for, settings.native),
     )
-    rt = Runtime(settings=settings, step=step, origin=origin)
+    rt = Runtime(settings=settings, step=step, origin=origin,
+                 max_length_pattern_bound=settings.max_length_pattern_bound(installed_xgrammar()))
     holder.append(rt)
     _process[0] = rt
     return rt
+
+
+def installed_xgrammar() -> Optional[str]:
+    """The installed xgrammar distribution's version (None: not installed), from its metadata (not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xgrammar")
+    except PackageNotFoundError:
+        return None
 
 
 def load_native_for(required: Optional[bool]) -> Optional[NativeGrammar]:

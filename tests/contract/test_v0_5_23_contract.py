@@ -90,6 +90,17 @@ def test_eagle_sample_contract(loaded):
     assert loaded["callers"]["sglang.srt.speculative.eagle_worker_common.eagle_sample"]
 
 
+# -- hook dispatch_json: XGrammarGrammarBackend.dispatch_json (AROUND), maxLength strings as patterns ------------------
+def test_dispatch_json_contract(loaded):
+    p = loaded["pinned"]
+    assert p["dispatch_json"] == "(self, key_string)"
+    # SGLang's cache is keyed above the hook by the request's text; a miss calls dispatch_json with that text, which
+    # compiles exactly its argument and returns InvalidGrammarObject for what it cannot compile
+    assert p["cache_keyed_by_request_text"] and p["cache_miss_dispatches_json"]
+    assert p["dispatch_compiles_its_argument"]
+    assert loaded["targets"]["sglang.srt.constrained.xgrammar_backend.XGrammarGrammarBackend.dispatch_json"]
+
+
 def test_overlap_stays_on_for_eagle3_grammar_batches(loaded):
     # 0.5.23 keeps grammar decode batches overlapped for EAGLE/EAGLE3 on its own; the adapter relies on it.
     assert loaded["pinned"]["eagle3_grammar_overlap"] is True

@@ -14,24 +14,43 @@ the default path (the grammar thread: the step's native call on a helper thread)
 The plugin's scheduler-side stats (``SGLANG_EAGLE_OVERLAP_STATS_FILE``, written by the scheduler process) prove its
 mask path ran there; with the plugin off no such file appears. Engine starts: 2 pairs x (non-spec + topk 1 / 4 plugin
 on + topk 4 inline + topk 4 Python + topk 1 plugin off) = 12, one at a time (the pool keeps one engine).
+
+One request of the JSON-schema batch has a ``maxLength`` string (:data:`MAX_LENGTH_SCHEMA`): with the plugin on (its
+``SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN`` default) SGLang 0.5.23 compiles it as a control-character-free pattern
+(counted as ``schemas_rewritten``; 0.5.16: not, its xgrammar gains nothing). Its output must validate against the
+schema as sent (``jsonschema``), equal the non-speculative baseline (plugin off: the ``maxLength`` grammar) token for
+token up to a token holding a raw control character (the one difference the rewrite may make), and SGLang's grammar
+cache must hold it under the schema text as sent (the CPU runtime records the cache's keys).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+from typing import Any, List
 
+import jsonschema
 import pytest
 
-from sglang_eo_dev.cpu_runtime.engine import EngineConfig
+from sglang_eagle_overlap.core.schema import rewrite_schema_text
+from sglang_eo_dev.cpu_runtime.engine import EngineConfig, model_pair
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
+from sglang_eo_dev.cpu_runtime.stats import text_sha256
 
 from .common import EBNF, GREEDY, PROMPTS, REGEX, output_ids, schema_str
 
 pytestmark = pytest.mark.engine
 
 PARAMS = dict(GREEDY, max_new_tokens=40)
+# The follower's document ("Green river under bright morning light", 38 characters) fits; annotations stay.
+MAX_LENGTH_SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string", "minLength": 1, "maxLength": 40, "description": "a short title"}},
+    "required": ["title"], "additionalProperties": False}
+MAX_LENGTH_ROW = ("json_schema", 3)  # (case, request) of the maxLength request
 CASES = {
-    "json_schema": (PROMPTS[:3], [dict(PARAMS, json_schema=schema_str(FOLLOWER_SCHEMA))] * 3),
+    "json_schema": (PROMPTS[:4], [dict(PARAMS, json_schema=schema_str(FOLLOWER_SCHEMA))] * 3
+                    + [dict(PARAMS, json_schema=schema_str(MAX_LENGTH_SCHEMA))]),
     "regex_ebnf": (PROMPTS[:2], [dict(PARAMS, regex=REGEX), dict(PARAMS, ebnf=EBNF)]),
     "mixed_batch": (
         [PROMPTS[0], PROMPTS[1], PROMPTS[3]],
@@ -71,14 +90,18 @@ def baseline(engine_pool, pair):
 @pytest.mark.parametrize("spec, thread, native", [("topk1", None, None), ("topk4", None, None), ("topk4", False, None),
                                                  ("topk4", None, False)],
                          ids=["topk1", "topk4", "topk4-inline", "topk4-python"])
-def test_plugin_on_token_identical_to_nonspec(engine_pool, pair, baseline, spec, thread, native):
-    on, on_stats, on_runtime = _run(engine_pool, EngineConfig(pair=pair, spec=spec, overlap=True,
-                                                              product_plugin=True, grammar_thread=thread,
-                                                              native=native))
+def test_plugin_on_token_identical_to_nonspec(engine_pool, sglang_version, pair, baseline, spec, thread, native):
+    cfg = EngineConfig(pair=pair, spec=spec, overlap=True, product_plugin=True, grammar_thread=thread, native=native)
+    on, on_stats, on_runtime = _run(engine_pool, cfg)
     for case in CASES:
         for i, (got_on, want) in enumerate(zip(on[case], baseline[case], strict=True)):
+            if (case, i) == MAX_LENGTH_ROW:
+                _assert_same_up_to_a_control_character(cfg, got_on[1], want[1])
+                continue
             assert got_on[1] == want[1], (pair, spec, case, i, "plugin on != non-spec", got_on[0], want[0])
             assert got_on[0] == want[0] and got_on[2] == want[2]
+    _assert_max_length_compiled_as_pattern(sglang_version, on[MAX_LENGTH_ROW[0]][MAX_LENGTH_ROW[1]], on_stats,
+                                           on_runtime)
     # The plugin's path ran in the scheduler process.
     assert on_stats is not None, "plugin on, but the scheduler wrote no plugin stats (mask path never ran)"
     assert on_stats["active"] is True and on_stats["steps"] > 0 and on_stats["tokens_advanced"] > 0, on_stats
@@ -112,3 +135,38 @@ def test_plugin_off_is_stock_sglang(engine_pool, sglang_version, pair, baseline)
         assert disabled_off == off_runtime["grammar_decode_batches"], off_runtime
     else:
         assert disabled_off == 0, off_runtime
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(cfg: EngineConfig) -> Any:
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(model_pair(cfg).target)
+
+
+def _assert_same_up_to_a_control_character(cfg: EngineConfig, got: List[int], want: List[int]) -> None:
+    """``got`` (plugin on: the pattern grammar) equals ``want`` (non-speculative, plugin off: xgrammar's ``maxLength``
+    grammar), or they part where ``want`` took a token holding a raw control character, which the pattern excludes."""
+    if got == want:
+        return
+    at = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    assert at < len(want), (cfg.describe(), "plugin on ran past the non-spec output", got, want)
+    piece = _tokenizer(cfg).decode([want[at]])
+    assert any(ord(ch) < 0x20 for ch in piece), (cfg.describe(), at, repr(piece), got, want)
+
+
+def _assert_max_length_compiled_as_pattern(sglang_version, out, plugin_stats, runtime_stats) -> None:
+    text, _, finish = out
+    assert finish["type"] != "length", ("the maxLength request did not finish; nothing to validate", out)
+    jsonschema.validate(json.loads(text), MAX_LENGTH_SCHEMA)  # the schema as sent
+    sent = schema_str(MAX_LENGTH_SCHEMA)
+    rewritten = rewrite_schema_text(sent, 128)
+    assert rewritten.changed
+    if sglang_version[:3] == (0, 5, 23):
+        assert plugin_stats["schemas_rewritten"] >= 1, plugin_stats
+    else:  # xgrammar 0.2.1: the pattern is no faster, the switch does nothing
+        assert plugin_stats["schemas_rewritten"] == 0, plugin_stats
+    cached = [(e["key_sha256"], e["grammar_key_sha256"]) for e in runtime_stats.get("grammar_cache", [])
+              if e["key_type"] == "json"]
+    assert (text_sha256(sent), text_sha256(sent)) in cached, cached  # cached and named by the schema as sent
+    assert all(text_sha256(rewritten.text) not in entry for entry in cached), cached

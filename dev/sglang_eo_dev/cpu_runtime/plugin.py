@@ -15,8 +15,8 @@ Every adjustment below is a workaround for running on CPU, not product behaviour
   (verify prefix + draft, draft-decode per-branch lengths) with ``forward_batch.seq_lens``; ``overlap_utils`` calls
   ``record_stream`` on CPU tensors unguarded; NGRAM's JIT-built C++ corpus (``jit_kernel/csrc/ngram_corpus``) uses
   ``size_t`` without including ``<cstddef>`` (0.5.23's copy includes it), which this machine's g++ rejects;
-* counters of the scheduler's overlap decisions for grammar decode batches and of SGLang's idle memory-leak checks
-  (:mod:`.stats`);
+* counters of the scheduler's overlap decisions for grammar decode batches and of SGLang's idle memory-leak checks,
+  and the keys SGLang's grammar cache stores (:mod:`.stats`);
 * tests only (``SGLANG_EO_FAULTS=1``): faults injected into the plugin's tree-mask build (:mod:`.faults`).
 * tests only (``SGLANG_EO_SPEC_SAMPLING=1``): SGLang's sampling verify instead of its CPU greedy-only verify, and a
   deliberately biased verifier for marked requests (:mod:`.spec_sampling`);
@@ -133,6 +133,12 @@ def load() -> None:
         stats.record_abort_request,
         HookType.AFTER,
         "record the rids the scheduler is asked to abort (stats: abort_requests)",
+    )
+    reg(
+        "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend.set_cache",
+        stats.record_grammar_cache,
+        HookType.AFTER,
+        "record the keys SGLang's grammar cache stores (stats: grammar_cache)",
     )
     from sglang_eo_dev.cpu_runtime import ledger_probe
 

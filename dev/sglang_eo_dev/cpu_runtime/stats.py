@@ -13,6 +13,8 @@ returned True (the loop synced instead of overlapping).
 leak (``SchedulerInvariantChecker._check_req_pool`` returned; with SGLang's default strict idle check a leak raises and
 kills the scheduler instead). Written at most every 0.25 s. ``faults_*``: injections of :mod:`.faults` (tests only).
 ``abort_requests``: rids of the abort requests the scheduler received (``/abort_request``, client disconnects), last 256.
+``grammar_cache``: what SGLang's grammar cache stored (``BaseGrammarBackend.set_cache``), last 64: the key's type, the
+SHA-256 of the key's text and of the cached grammar's ``key_string`` (None when it has none).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import time
 from typing import Any, Callable
 
 __all__ = ["STATS_ENV", "count", "count_idle_memory_check", "record_abort_request", "count_overlap_decision",
-           "read_rank_stats", "read_stats", "record_error", "mark_scheduler_started", "peek", "update"]
+           "read_rank_stats", "read_stats", "record_error", "record_grammar_cache", "mark_scheduler_started", "peek",
+           "text_sha256", "update"]
 
 STATS_ENV = "SGLANG_EO_STATS_FILE"
 
@@ -41,6 +44,7 @@ _state: dict[str, Any] = {
     "faults_raised": 0,
     "faults_slow_fills": 0,
     "abort_requests": [],
+    "grammar_cache": [],
     # written by .ledger_probe (constrained stress tests)
     "retracted_requests": 0,
     "retracted_constrained": 0,
@@ -142,6 +146,26 @@ def record_abort_request(result: Any, scheduler: Any, recv_req: Any, *args: Any,
         rids = _state["abort_requests"]
         rids.append("*" if getattr(recv_req, "abort_all", False) else str(getattr(recv_req, "rid", "")))
         del rids[:-256]
+        _write()
+    return None
+
+
+def text_sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def record_grammar_cache(result: Any, backend: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of ``BaseGrammarBackend.set_cache(key, value)``: which key SGLang's grammar cache stored, and the
+    cached grammar's own ``key_string``."""
+    key_type, key_string = key
+    named = getattr(value, "key_string", None)
+    with _lock:
+        entries = _state["grammar_cache"]
+        entries.append({"key_type": str(key_type), "key_sha256": text_sha256(str(key_string)),
+                        "grammar_key_sha256": None if named is None else text_sha256(str(named))})
+        del entries[:-64]
         _write()
     return None
 

@@ -32,6 +32,8 @@ def _compat() -> None:
 
 
 def pinned_facts() -> dict:
+    from sglang.srt.constrained import base_grammar_backend as bgb
+    from sglang.srt.constrained import xgrammar_backend as xgb
     from sglang.srt.managers import scheduler as sched
     from sglang.srt.managers.scheduler_components import batch_result_processor as brp
     from sglang.srt.speculative import eagle_worker_common as ewc
@@ -41,7 +43,17 @@ def pinned_facts() -> dict:
 
     gt = spec_utils.GrammarTree
     verify_src = inspect.getsource(ewc.run_eagle_verify)
+    dispatch_src = inspect.getsource(xgb.XGrammarGrammarBackend.dispatch_json)
     return {
+        # the JSON-schema compile hook: below SGLang's cache (keyed by the request's text), the text it gets is the
+        # one xgrammar compiles and the grammar object is named by
+        "dispatch_json": _sig(xgb.XGrammarGrammarBackend.dispatch_json),
+        "cache_keyed_by_request_text": "self.cache.get(key)" in inspect.getsource(
+            bgb.BaseGrammarBackend.get_cached_or_future_value),
+        "cache_miss_dispatches_json": "self.dispatch_json(key_string)" in inspect.getsource(
+            bgb.BaseGrammarBackend._init_value_dispatch),
+        "dispatch_compiles_its_argument": "schema=key_string" in dispatch_src
+        and "_from_context(ctx, key_string" in dispatch_src and "InvalidGrammarObject(" in dispatch_src,
         "GrammarTree.__init__": _sig(gt.__init__),
         "GrammarTree.from_device": _sig(gt.from_device),
         "GrammarTree.from_host": _sig(gt.from_host),

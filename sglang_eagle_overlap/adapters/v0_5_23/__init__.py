@@ -7,9 +7,12 @@
 | ``advance_grammar_fsm`` | ``SchedulerBatchResultProcessor.advance_grammar_fsm`` | AROUND |
 | ``run_eagle_verify`` | ``eagle_worker_common.run_eagle_verify`` | AROUND |
 | ``eagle_sample`` | ``eagle_utils.eagle_sample`` | AROUND |
+| ``dispatch_json`` | ``XGrammarGrammarBackend.dispatch_json`` | AROUND |
 
 The integration itself is :mod:`.band`, which the vendored patch calls too; the hook modules only translate
-SGLang's calls into it.
+SGLang's calls into it. ``dispatch_json`` (JSON schemas' bounded ``maxLength`` strings compiled as patterns, where
+``SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN`` and the installed xgrammar allow it) has no call site in the vendored
+patch.
 
 0.5.23 already keeps EAGLE grammar decode batches overlapped (``SpeculativeAlgorithm.supports_grammar_overlap()``,
 ``ScheduleBatch.grammar_needs_sync()``) and already calls the barrier inside verify, so no scheduler hook is needed;
@@ -33,6 +36,7 @@ from typing import Any, Tuple
 from sglang_eagle_overlap.adapters.v0_5_23 import (
     advance_grammar_fsm,
     build_grammar_vocab_mask,
+    dispatch_json,
     eagle_sample,
     grammar_tree,
     run_eagle_verify,
@@ -47,12 +51,14 @@ HOOKS: Tuple[Hook, ...] = (
     advance_grammar_fsm.HOOK,
     run_eagle_verify.HOOK,
     eagle_sample.HOOK,
+    dispatch_json.HOOK,
 )
 
 
 class Adapter(BandAdapter):
     name = "sglang-0.5.23"
     hooks = HOOKS
+    compiles_schemas = True
 
     def register(self, registry: Any) -> None:  # SGLang's HookRegistry class (SGLang ships no types)
         grammar_tree.capture_original()

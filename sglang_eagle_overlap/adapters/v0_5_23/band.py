@@ -14,6 +14,11 @@ replaces the three pieces that are slow or not exactly-once there:
    (exactly once per request id and output position, whichever caller comes first), SGLang's gating, retained runs
    and aborts (``Band.feed_results`` with :class:`Band023`'s hooks).
 
+Besides the verify step, one compile-time piece (hook only; the vendored patch has no call site for it):
+
+4. ``XGrammarGrammarBackend.dispatch_json`` -> :func:`dispatch_json`: a JSON schema's bounded ``maxLength`` strings
+   compiled as control-character-free patterns (``integration.schemas``), below SGLang's grammar cache.
+
 The shared flow (in-flight step, mask build, barrier loop) is :class:`~sglang_eagle_overlap.integration.band.Band`;
 :class:`Band023` keeps what differs here. The walk (docs/architecture.md) from SGLang's call to the core, for the
 barrier (``Scheduler._advance_pending_grammar``) and post-processing alike: ``advance_grammar_fsm`` hook ->
@@ -23,19 +28,23 @@ runs are checked at once and queued by row for the build's one native call; anyw
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, List, Optional, Set, Tuple
 
 import torch
 from torch.types import Device
 
 from sglang_eagle_overlap.core import FeedOutcome, MaskJob, PendingTree, ResultRuns, RowRun, StepMask
-from sglang_eagle_overlap.integration import drafts, runtime
+from sglang_eagle_overlap.integration import drafts, runtime, schemas
 from sglang_eagle_overlap.integration.band import Band, InFlight, OnDone
 from sglang_eagle_overlap.integration.requests import kept_tokens, mask_requests, result_rows
 from sglang_eagle_overlap.integration.runtime import Runtime
 
 __all__ = ["Band023", "PluginGrammarTree", "advance_grammar_fsm", "after_sample", "band_of", "before_verify",
-           "build_grammar_vocab_mask", "hand_over_verify", "patched_grammar_tree", "start_grammar_job"]
+           "build_grammar_vocab_mask", "dispatch_json", "hand_over_verify", "patched_grammar_tree",
+           "start_grammar_job"]
+
+logger = logging.getLogger("sglang_eagle_overlap")
 
 # Every ``Any`` below is one of SGLang's objects (its GrammarTree class, Req, SamplingBatchInfo, GrammarMask, batches
 # and results): SGLang ships no types.
@@ -160,6 +169,36 @@ def advance_grammar_fsm(rt: Runtime, result: Any, batch: Any) -> None:
     """SGLang's ``advance_grammar_fsm`` contract, through the ledger (``Band.feed_results`` of this one result, with
     :class:`Band023`'s gating, retained runs and prune rule)."""
     band_of(rt).feed_results(((batch, result),))
+
+
+def dispatch_json(rt: Runtime, original: Callable[..., Any], backend: Any, key_string: str) -> Any:
+    """SGLang's ``XGrammarGrammarBackend.dispatch_json(backend, key_string)`` on the schema text
+    ``schemas.schema_to_compile`` gives (the text as sent, unless bounded ``maxLength`` strings became patterns).
+
+    SGLang's cache above this call keys by ``key_string``; the grammar's own ``key_string`` (SGLang's logs and
+    copies) is set back to it. A rewritten schema that SGLang's path does not compile (it raises, or returns an
+    ``InvalidGrammarObject``) is compiled again as sent, so the request gets SGLang's own grammar or error for its
+    schema; a WARNING says so if the schema as sent then compiles."""
+    compiled = schemas.schema_to_compile(rt, key_string)
+    if not compiled.changed:
+        return original(backend, key_string)
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+
+    try:
+        grammar = original(backend, compiled.text)
+    except Exception as exc:  # anything: SGLang's path on the schema as sent decides what the request gets
+        grammar, failure = None, f"{type(exc).__name__}: {exc}"
+    else:
+        failure = "" if not isinstance(grammar, InvalidGrammarObject) else repr(grammar)
+    if grammar is None or failure:
+        as_sent = original(backend, key_string)
+        if not isinstance(as_sent, InvalidGrammarObject):
+            logger.warning("sglang-eagle-overlap: a JSON schema compiled as sent after its maxLength-pattern rewrite "
+                           "failed (%s); please report it with the schema", failure)
+        return as_sent
+    if getattr(grammar, "key_string", None) == compiled.text:
+        grammar.key_string = key_string
+    return grammar
 
 
 class Band023(Band):
