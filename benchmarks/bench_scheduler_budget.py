@@ -22,15 +22,15 @@ Paths compared in the same run: ``thread`` (the default: the barrier's ledger ch
 the scheduler thread before the verify launch, the step's one native call -- feeds and tree walk -- on the grammar
 thread, joined before sampling: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=1``) and ``inline`` (all of it on the scheduler
 thread after the verify launch: ``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``). Each path gets its own engine; the paths
-alternate per topk (repeated ``--repeats`` times). Inside one engine every batch size is warmed up, then unconstrained and json
-rounds alternate. The json outputs of the two paths are compared token for token (greedy). ``--paths
-thread-noforced,thread`` compares the grammar thread with grammar-forced drafts off and on; ``inline-forced``
-is the inline path with them switched on; ``stock`` is SGLang without the plugin. ``--before REV`` adds the path
-``before``: the plugin as git revision REV of this checkout had it, with that revision's defaults (``--before-forced``
-overrides its forced-drafts switch), in an engine started from a child interpreter whose
-``PYTHONPATH`` puts REV's package (``package_at``: ``git archive``) first -- so a change is compared with the code it
-replaces in one run, same harness, same tokens checked; the criterion column then reads ``inline`` (the new default)
-against it::
+alternate per topk (repeated ``--repeats`` times, every other repeat in reverse order). Inside one engine every
+batch size is warmed up, then unconstrained and json rounds alternate. The json outputs of the two paths are compared
+token for token (greedy). ``--paths thread-noforced,thread`` compares the grammar thread with grammar-forced drafts
+off and on; ``inline-forced`` is the inline path with them switched on; ``stock`` is SGLang without the plugin.
+``--before REV`` adds the path ``before``: the plugin as git revision REV of this checkout had it, with that
+revision's defaults (``--before-forced`` overrides its forced-drafts switch), in an engine started from a child
+interpreter whose ``PYTHONPATH`` puts REV's package (``package_at``: ``git archive``) first -- so a change is
+compared with the code it replaces in one run, same harness, same tokens checked; the criterion column then reads
+``inline`` (the new default) against it::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_scheduler_budget.py \
         --before REV --paths inline,thread --batches 8,64 --max-new-tokens 16
@@ -518,7 +518,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             package_dir = str(package_at(args.before, Path(tmp) / "before"))
         for spec in specs:
             for rep in range(args.repeats):
-                for path in paths:
+                # ABBA: every other repeat runs the paths in reverse, so that an engine's place in the sequence (the
+                # second engine of a pair ran slower here, SGLang's own time (a) included) weighs on every path alike
+                for path in (paths if rep % 2 == 0 else paths[::-1]):
                     print(f"[budget] {spec} {path} #{rep} ...", flush=True)
                     if path == "before":
                         runs.append(engine_in_child(spec, rep, args, tmp, package_dir, problems))
