@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README): builds/reuses the CPU venvs and runs the whole suite against each supported
 # SGLang. Extra arguments go to pytest, e.g. `scripts/test.sh -m "not engine"` or `SGLANG_VERSIONS=0.5.23 scripts/test.sh`.
-# Cost (docs/development.md): ~42 min for `.ci/run` on a fresh clone on 2 cores (venv builds ~6 min,
+# Cost (docs/development.md): ~65 min for `.ci/run` on a fresh clone on 2 cores (venv builds ~6 min,
 # 3.4 GB each; type check ~45-60 s per version cold, seconds warm; import contracts ~15 s cold, ~1 s warm;
-# ~16.5-17.5 min of tests per version), the real model cached in ~/.cache (built from nothing: ~3 min more). Engine
+# ~28-31 min of tests per version), the real model cached in ~/.cache (built from nothing: ~3 min more). Engine
 # tests take /tmp/sglang-engine.lock, so they wait for any other engine on the machine.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
