@@ -110,7 +110,7 @@ def load() -> None:
     _state["adapter"] = adapter
     logger.info("sglang-eagle-overlap: active on SGLang %s (%s)", ver, adapter.name)
     logger.info("sglang-eagle-overlap: %s",
-                schemas.describe(settings, runtime.installed_xgrammar(), getattr(adapter, "compiles_schemas", False)))
+                schemas.describe(settings, runtime.installed_xgrammar(), adapter.compiles_schemas))
 
 
 def _refuse(message: str) -> NoReturn:

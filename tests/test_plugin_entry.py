@@ -89,7 +89,9 @@ def test_load_is_idempotent(monkeypatch):
     monkeypatch.delenv("SGLANG_EAGLE_OVERLAP", raising=False)
     calls = []
 
-    class CountingAdapter:
+    from sglang_eagle_overlap.integration.hooks import BandAdapter
+
+    class CountingAdapter(BandAdapter):  # the adapter interface, its calls counted
         name = "counting"
 
         def register(self, registry):

@@ -9,7 +9,7 @@ alike) and one module per hooked target that only translates SGLang's call into 
 * ``register(registry)`` -- register every hook with SGLang's ``HookRegistry`` (no SGLang import at module level);
 * ``verify() -> list[str]`` -- after ``apply_hooks()``, the descriptions of hooks that did NOT land (empty = all ok);
 * ``activate(runtime)`` -- switch the hooks from pass-through to the plugin's behaviour;
-* ``compiles_schemas: bool`` (optional, default False) -- whether it hooks SGLang's JSON-schema compile (the
+* ``compiles_schemas: bool`` (``BandAdapter``'s default False) -- whether it hooks SGLang's JSON-schema compile (the
   ``maxLength``-pattern rewrite, :mod:`sglang_eagle_overlap.integration.schemas`).
 """
 

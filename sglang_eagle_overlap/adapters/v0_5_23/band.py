@@ -186,11 +186,10 @@ def dispatch_json(rt: Runtime, original: Callable[..., Any], backend: Any, key_s
 
     try:
         grammar = original(backend, compiled.text)
+        failure = repr(grammar) if isinstance(grammar, InvalidGrammarObject) else ""
     except Exception as exc:  # anything: SGLang's path on the schema as sent decides what the request gets
-        grammar, failure = None, f"{type(exc).__name__}: {exc}"
-    else:
-        failure = "" if not isinstance(grammar, InvalidGrammarObject) else repr(grammar)
-    if grammar is None or failure:
+        failure = f"{type(exc).__name__}: {exc}"
+    if failure:
         as_sent = original(backend, key_string)
         if not isinstance(as_sent, InvalidGrammarObject):
             logger.warning("sglang-eagle-overlap: a JSON schema compiled as sent after its maxLength-pattern rewrite "
