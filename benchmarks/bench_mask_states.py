@@ -426,16 +426,21 @@ def run_rewrite(xgr: Any, info: Any, tokenizer: Any, stop_id: int, bound: int, r
     return out
 
 
+def _run_lines(meta: Dict[str, Any]) -> List[str]:
+    """The command and machine lines that open a result file of ``--rewrite`` and ``--bound-sweep``."""
+    m = meta["machine"]
+    return [f"`{meta['command']}`  ",
+            f"Machine: {m['cpus']} CPUs ({m['machine']}, shared with other work), python {m['python']}, sglang "
+            f"{meta['sglang']}. Tokenizer: {meta['tokenizer']}. Started {meta['started']}.  "]
+
+
 def write_rewrite_md(result: Dict[str, Any], path: Path) -> None:
     meta = result["meta"]
     lines = [
         f"# maxLength strings as patterns (SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN): mask cost, xgrammar "
         f"{meta['xgrammar']}, {meta['vocab_size']}-token vocabulary",
         "",
-        f"`{meta['command']}`  ",
-        f"Machine: {meta['machine']['cpus']} CPUs ({meta['machine']['machine']}, shared with other work), python "
-        f"{meta['machine']['python']}, sglang {meta['sglang']}. Tokenizer: {meta['tokenizer']}. Started "
-        f"{meta['started']}.  ",
+        *_run_lines(meta),
         f"Bound: maxLength <= {meta['bound']} rewritten ({meta['bound_source']}).  ",
         "Per shape, a valid instance is tokenised and walked by a fresh matcher (every token must be in the mask); "
         f"each position's fill is the median of {meta['repeats']} walks after a first one. mean = total fill time / "
@@ -497,10 +502,7 @@ def write_bound_md(result: Dict[str, Any], path: Path) -> None:
         f"# maxLength N against the pattern {{0,N}}: compile and fill cost by N, xgrammar {meta['xgrammar']}, "
         f"{meta['vocab_size']}-token vocabulary",
         "",
-        f"`{meta['command']}`  ",
-        f"Machine: {meta['machine']['cpus']} CPUs ({meta['machine']['machine']}, shared with other work), python "
-        f"{meta['machine']['python']}, sglang {meta['sglang']}. Tokenizer: {meta['tokenizer']}. Started "
-        f"{meta['started']}.  ",
+        *_run_lines(meta),
         "Schema: one object with one string `a`, either `maxLength: N` or `pattern: ^[^\\x00-\\x1f\"\\\\]{0,N}$`; "
         "walked over a string of exactly N characters (the last positions are the slow ones for maxLength). Each "
         f"position's fill is the median of {meta['repeats']} walks after a first one.",
