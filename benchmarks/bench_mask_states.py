@@ -30,7 +30,11 @@ string schema bounded only by ``maxLength`` / ``minLength`` compiled as ``^[^\x0
   the installed xgrammar's bound from ``settings.MAX_LENGTH_PATTERN_BOUNDS``, or ``--bound`` where none is listed), on
   ``BENCH_SCHEMA`` and on ``benchmarks/schemas.py``'s ``TOOL_CALL_SCHEMA`` and ``EXTRACTION_SCHEMA``, each walked
   over its valid instance as above: compile time, and mean / p99 / max fill ms per position and fills over 5 ms (per
-  position: the median of ``--repeats`` walks). Writes ``mask_rewrite_<xgrammar version>.{md,json}``.
+  position: the median of ``--repeats`` walks). The same instances walked by llguidance (the installed one, as
+  SGLang's ``--grammar-backend llguidance`` compiles the schema as sent: ``LLMatcher.grammar_from_json_schema`` with
+  the same separators, no flexible whitespace; each fill one ``unsafe_compute_mask_ptr`` row, compile = the JSON
+  compiler plus the matcher's construction) give the ``llguidance`` rows. Writes
+  ``mask_rewrite_<xgrammar version>.{md,json}``.
 * ``--bound-sweep``: one object with one string of ``maxLength: N`` against the pattern ``{0,N}``, for each N of
   ``--lengths``, walked over a string of exactly N characters: where the pattern stops being fast (the bound).
   Writes ``mask_bound_<xgrammar version>.{md,json}``.
@@ -399,8 +403,9 @@ def tokenize_checked(tokenizer: Any, text: str) -> List[int]:
 
 
 def run_rewrite(xgr: Any, info: Any, tokenizer: Any, stop_id: int, bound: int, repeats: int, items: int,
-                seed: int) -> Dict[str, Any]:
-    """Each shape compiled as sent (switch off) and as the plugin rewrites it (switch on), walked over its instance."""
+                seed: int, guidance: Optional[Tuple[Any, Any]] = None) -> Dict[str, Any]:
+    """Each shape compiled as sent (switch off) and as the plugin rewrites it (switch on), walked over its instance;
+    with ``guidance`` (the llguidance module and its tokenizer), also by llguidance as sent."""
     import jsonschema
 
     from sglang_eagle_overlap.core.schema import rewrite_max_length_strings
@@ -414,8 +419,14 @@ def run_rewrite(xgr: Any, info: Any, tokenizer: Any, stop_id: int, bound: int, r
                                "rewritten": [dataclasses.asdict(r) for r in rewrite.rewritten],
                                "left_alone": [dataclasses.asdict(a) for a in rewrite.left_alone],
                                "schema_on": rewrite.schema}
-        for switch, schema in (("off", shape.schema), ("on", rewrite.schema)):
-            r = run_variant(xgr, info, schema, ids, stop_id, repeats)
+        for switch, schema in (("off", shape.schema), ("on", rewrite.schema), ("llguidance", shape.schema)):
+            if switch == "llguidance":
+                if guidance is None:
+                    continue
+                r = run_guidance(guidance[0], guidance[1], schema, ids, stop_id, (info.vocab_size + 31) // 32,
+                                 repeats)
+            else:
+                r = run_variant(xgr, info, schema, ids, stop_id, repeats)
             row[switch] = {"compile_s": r["compile_s"], "summary": r["summary"], "median_ms": r["median_ms"],
                            "wall_s": r["wall_s"]}
             m = r["summary"]["median"]
@@ -424,6 +435,47 @@ def run_rewrite(xgr: Any, info: Any, tokenizer: Any, stop_id: int, bound: int, r
                   flush=True)
         out[shape.name] = row
     return out
+
+
+def guidance_walk(llg: Any, ll_tokenizer: Any, grammar: str, ids: Sequence[int], stop_id: int, width: int,
+                  check: bool) -> List[float]:
+    """One fresh llguidance matcher over ``ids``: fill (timed) then consume, at every position, plus the stop."""
+    import numpy as np
+
+    matcher = llg.LLMatcher(ll_tokenizer, grammar)
+    if matcher.is_error():
+        raise AssertionError(f"llguidance refused the grammar: {matcher.get_error()}")
+    row = np.full(width, -1, dtype=np.int32)
+    ptr, size = row.ctypes.data, width * 4
+    out: List[float] = []
+    clock = time.perf_counter_ns
+    for i, token in enumerate(list(ids) + [stop_id]):
+        t0 = clock()
+        matcher.unsafe_compute_mask_ptr(ptr, size)
+        out.append((clock() - t0) / 1e6)
+        if check and not (int(row[token // 32]) >> (token % 32)) & 1:
+            raise AssertionError(f"llguidance, position {i}: token {token} is not in the mask")
+        if not matcher.consume_token(token):
+            raise AssertionError(f"llguidance, position {i}: token {token} rejected: {matcher.get_error()}")
+    if check and not matcher.is_stopped():
+        raise AssertionError("the llguidance matcher did not stop after the stop token")
+    return out
+
+
+def run_guidance(llg: Any, ll_tokenizer: Any, schema: Dict[str, Any], ids: Sequence[int], stop_id: int,
+                 width: int, repeats: int) -> Dict[str, Any]:
+    """:func:`run_variant` for llguidance: compile (JSON compiler + matcher), a checked walk, ``repeats`` timed."""
+    t0 = time.perf_counter()
+    grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={
+        "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+    llg.LLMatcher(ll_tokenizer, grammar)
+    compile_s = time.perf_counter() - t0
+    cold = guidance_walk(llg, ll_tokenizer, grammar, ids, stop_id, width, check=True)
+    reps = [guidance_walk(llg, ll_tokenizer, grammar, ids, stop_id, width, check=False) for _ in range(repeats)]
+    median = [statistics.median(col) for col in zip(*reps)] if reps else list(cold)
+    n_out = len(ids) + 1
+    return {"compile_s": round(compile_s, 4), "summary": {"median": summarize(median, n_out)},
+            "median_ms": [round(x, 4) for x in median], "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def _run_lines(meta: Dict[str, Any]) -> List[str]:
@@ -438,20 +490,24 @@ def write_rewrite_md(result: Dict[str, Any], path: Path) -> None:
     meta = result["meta"]
     lines = [
         f"# maxLength strings as patterns (SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN): mask cost, xgrammar "
-        f"{meta['xgrammar']}, {meta['vocab_size']}-token vocabulary",
+        f"{meta['xgrammar']}" + (f" and llguidance {meta['llguidance']}" if meta.get("llguidance") else "")
+        + f", {meta['vocab_size']}-token vocabulary",
         "",
         *_run_lines(meta),
         f"Bound: maxLength <= {meta['bound']} rewritten ({meta['bound_source']}).  ",
         "Per shape, a valid instance is tokenised and walked by a fresh matcher (every token must be in the mask); "
         f"each position's fill is the median of {meta['repeats']} walks after a first one. mean = total fill time / "
         "positions (ms per output token); p99 and max over positions; compile = `compile_json_schema` once, cache "
-        "off. One bitmask row, CPU, one thread.",
+        "off. One bitmask row, CPU, one thread. Switch off / on: xgrammar with the schema as sent / as the plugin "
+        "rewrites it; llguidance: the schema as sent, compiled by llguidance (no rewrite applies to it).",
         "",
         "| shape | positions | switch | compile s | mean ms/token | p99 ms | max ms | fills > 5 ms |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for name, row in result["shapes"].items():
-        for switch in ("off", "on"):
+        for switch in ("off", "on", "llguidance"):
+            if switch not in row:
+                continue
             m = row[switch]["summary"]["median"]
             lines.append(f"| {name} | {row['n_tokens'] + 1} | {switch} | {row[switch]['compile_s']:.2f} | "
                          f"{m['ms_per_token']:.4f} | {m['p99_ms']:.3f} | {m['max_ms']:.2f} | {m['n_gt_5ms']} |")
@@ -544,8 +600,17 @@ def switch_main(args: argparse.Namespace, xgr: Any, info: Any, tokenizer: Any, s
     gc.disable()
     try:
         if args.rewrite:
+            guidance = None
+            try:
+                import llguidance
+                import llguidance.hf
+            except ImportError:
+                print("llguidance is not installed: no llguidance rows", flush=True)
+            else:
+                meta["llguidance"] = version("llguidance")
+                guidance = (llguidance, llguidance.hf.from_tokenizer(tokenizer, VOCAB_SIZE, eos_token=stop_id))
             result = {"meta": meta, "shapes": run_rewrite(xgr, info, tokenizer, stop_id, bound, args.repeats,
-                                                          args.items, args.seed)}
+                                                          args.items, args.seed, guidance)}
             stem = out / f"mask_rewrite_{xgr_version}"
             write_rewrite_md(result, Path(f"{stem}.md"))
         else:

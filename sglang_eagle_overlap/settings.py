@@ -107,7 +107,7 @@ SWITCH_DOCS: Mapping[str, SwitchDoc] = {
         "`0` / `false` / `no` / `off` turns the plugin off without uninstalling it (its hooks and a patched SGLang's "
         "call sites alike); SGLang then runs its own grammar path", "on"),
     "mask_threads": SwitchDoc(
-        "threads for the tree mask's xgrammar fills (an integer >= 1)",
+        "threads for the tree mask's xgrammar and llguidance fills (an integer >= 1)",
         "1 on <= 2 cores, else half the cores, at most 8"),
     "mask_time_limit_ms": SwitchDoc(
         "per-step time limit of a request's tree-mask build, in ms (`0` = none); a build over it keeps the exact "

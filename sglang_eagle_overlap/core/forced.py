@@ -3,7 +3,7 @@
 A JSON schema decides much of the output (keys, quotes, colons, brackets). While step N's tree mask is built, every
 valid node's matcher state is at hand, so the grammar's forced continuation after each node is cheap to ask for:
 xgrammar's ``find_jump_forward_string``, tokenized the way the model writes it alone (``encode``), the last token
-held back (it could merge with what follows). Which node step N accepts is known only on the device after the
+held back (it could merge with what follows); llguidance's fast-forward tokens (``compute_ff_tokens``) as they are. Which node step N accepts is known only on the device after the
 verify, so the per-node table goes up with the mask and the device picks the accepted node's row (a gather, no host
 sync). Step N+1's draft tree then gets those tokens on its top path (the first-child chain from the root), in place
 of what the draft model proposed, before the target verify reads them -- except from the first position where the
@@ -428,6 +428,16 @@ class ForcedDrafts:
         entry = self._entry(matcher)
         if entry is not None and self._host is not None and row < self._rows:
             self._host[row, : len(entry[0])] = entry[1]
+            self.recorded_nodes += 1
+
+    def record_tokens(self, tokens: Sequence[int], row: int) -> None:
+        """Node ``row``'s forced continuation as the grammar itself gives it in tokens (llguidance's fast-forward
+        tokens, computed for the model's tokenizer and already cut where a token could merge with what follows): at
+        most ``width`` of them, without alternatives. Unlike :meth:`record` it needs no encoder and no admission
+        (llguidance bounds its own search)."""
+        if tokens and self._host is not None and row < self._rows:
+            k = min(len(tokens), self.width)
+            self._host[row, :k, 0] = tokens[:k]
             self.recorded_nodes += 1
 
     def clear_rows(self, start: int, stop: int) -> None:

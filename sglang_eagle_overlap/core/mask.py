@@ -22,8 +22,11 @@ Strategies (``MaskStrategy``):
 * ``"auto"`` -- ``lockstep`` (measured fastest or on par at every shape of ``benchmarks/bench_grammar_step.py``,
   with one or more threads).
 
-Grammars that are not xgrammar (llguidance, outlines) take the generic walk through the host's grammar object API
-whatever the strategy. The strategies the product never chooses (xgrammar's per-request ``traverse_draft_tree``, and
+llguidance grammars (a row with ``MaskRequest.guidance``, the bare ``llguidance.LLMatcher`` inside the host grammar)
+take the same lockstep rounds: the host grammar object accepts and rolls back (its own termination rule, exactly as
+the host's walk would), and every round's fills go to llguidance in one batched call (``LLExecutor``: its threads,
+the GIL released), written straight into the mask rows. Other grammars (outlines, a reasoning wrapper) take the
+generic walk through the host's grammar object API, request by request, whatever the strategy. The strategies the product never chooses (xgrammar's per-request ``traverse_draft_tree``, and
 the generic walk for every request) live with the dev tools that compare them (``sglang_eo_dev.helpers.strategies``),
 as a subclass overriding :meth:`TreeMaskBuilder._walk_xgrammar`.
 
@@ -46,7 +49,7 @@ Time limit: if the build for a request exceeds ``time_limit_s`` the request is r
 and the caller MUST then neutralise that request's draft candidates (see :func:`neutralize_timed_out_drafts`) so
 the step accepts only the root-masked bonus token: never a wrong token, only a slower step.
 
-This module imports torch and xgrammar only.
+This module imports torch, xgrammar and, for llguidance rows only, llguidance.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from sglang_eagle_overlap.core import tree_copy
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.ledger import LedgerPlan
 from sglang_eagle_overlap.core.native import WALK_FAILED, WALK_TIMED_OUT, NativeGrammar, StepResult
-from sglang_eagle_overlap.core.protocols import WalkMatcher
+from sglang_eagle_overlap.core.protocols import GuidanceMatcher, WalkMatcher
 
 if TYPE_CHECKING:
     import numpy as np
@@ -102,12 +105,15 @@ class HostGrammar(Protocol):
 @dataclass(slots=True, frozen=True)
 class MaskRequest:
     """One batch row. ``matcher`` (an ``xgrammar.GrammarMatcher``) selects the native paths; else ``grammar`` is
-    walked generically; both None means unconstrained (rows stay all-allowed, zero cost). Immutable: an integration
-    hands the same row to every step of a request (``integration.requests.RequestView``)."""
+    walked through its object API, its fills batched with the other llguidance rows' when ``guidance`` (the
+    ``llguidance.LLMatcher`` that ``grammar`` advances) is given, one by one otherwise; ``matcher`` and ``grammar``
+    both None means unconstrained (rows stay all-allowed, zero cost). Immutable: an integration hands the same row to
+    every step of a request (``integration.requests.RequestView``)."""
 
     matcher: Optional[xgr.GrammarMatcher] = None
     grammar: Optional[HostGrammar] = None
     request_id: str = ""
+    guidance: Optional[GuidanceMatcher] = None
 
 
 class MaskBatch(List[MaskRequest]):
@@ -254,6 +260,8 @@ class TreeMaskBuilder:
         # grammar thread's CPU time minus this bounds the GIL time it took from the scheduler thread.
         self.native_cpu_s = 0.0
         self.native_walks = 0  # observable: builds whose walk went through the native module in one call
+        self.guidance_walks = 0  # observable: builds whose llguidance rows took the batched lockstep walk
+        self._guidance_pool: Optional[Any] = None  # the llguidance fill threads (``LLExecutor``), made on first use
 
     # -- buffers -------------------------------------------------------------------------------------------------
     def _bitmask(self, rows: int, width: int) -> Tuple[torch.Tensor, List[int]]:
@@ -511,6 +519,13 @@ class TreeMaskBuilder:
             forced.begin(bs * n)
         if generic and lists is None:
             lists = _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
+        guided = [i for i in generic if requests[i].guidance is not None] if generic else generic
+        if guided:
+            assert lists is not None
+            redo = self._walk_guidance(requests, guided, lists, n, vocab_size, mask, bool(plan.stale), limit, result,
+                                       written, forced)
+            generic = [i for i in generic if requests[i].guidance is None] + redo
+            deadline = None if limit is None else clock() + limit
         for i in generic:
             assert lists is not None
             nxt, sib, tok = lists
@@ -542,6 +557,92 @@ class TreeMaskBuilder:
             self._settle([] if res is not None else plan.stale, written)
         result.build_s = time.perf_counter() - plan.t0
         return result
+
+    # -- the walk of llguidance rows -------------------------------------------------------------------------------
+    def _guidance_fills(self) -> Optional[Any]:
+        """The llguidance fill threads (an ``LLExecutor`` of ``threads`` threads), made on first use; None with one
+        thread (the calling thread fills, no hand-off)."""
+        if self.threads <= 1:
+            return None
+        if self._guidance_pool is None:
+            import llguidance
+
+            self._guidance_pool = llguidance.LLExecutor(self.threads)
+        return self._guidance_pool
+
+    def _walk_guidance(self, requests: Sequence[MaskRequest], rows: Sequence[int],
+                       lists: Tuple[List[List[int]], List[List[int]], List[List[int]]], n: int, vocab_size: int,
+                       mask: torch.Tensor, stale: bool, limit: Optional[float], result: TreeMask,
+                       written: List[int], forced: Optional[ForcedDrafts] = None) -> List[int]:
+        """The lockstep walk of ``rows`` (requests with an llguidance matcher): each round, every request's walker
+        moves to its next node through the host grammar's own ``accept_token`` / ``rollback`` / ``is_terminated``,
+        then one batched llguidance fill writes all their rows (GIL-free). Same semantics and time-limit contract as
+        the xgrammar lockstep walk (roots first, the deadline checked before each round). A fill that leaves a
+        matcher in llguidance's error state, or any grammar call that raises, stops the batched walk: every row is
+        put back (all-allowed, grammars rolled back) and returned, for the per-request walk to find the culprit.
+        With ``forced``, each filled node's fast-forward tokens (llguidance's ``compute_ff_tokens``) go into its
+        table. Returns the rows to walk one by one (none when the batched walk completed)."""
+        nxt, sib, tok = lists
+        pool = self._guidance_fills()
+        deadline = None if limit is None else self.clock() + limit
+        mask_np = mask.numpy()
+        row_bytes = int(mask.shape[1]) * 4
+        total_rows = int(mask.shape[0])
+        base_ptr = mask.data_ptr()
+        for i in rows:
+            written.extend(range(i * n, (i + 1) * n))
+            if stale:  # an unreached node's row must read all-allowed; a filled row is overwritten whole
+                _fill_all_allowed(mask[i * n : (i + 1) * n])
+
+        def fill(ms: List[_GuidanceAsMatcher], rows_: List[int]) -> None:
+            c = time.thread_time()
+            if pool is not None and len(ms) > 1:
+                pool.unsafe_compute_mask_ptr([(m.ll, r) for m, r in zip(ms, rows_)], base_ptr, row_bytes,
+                                             total_rows)
+            else:
+                for m, r in zip(ms, rows_):
+                    m.ll.unsafe_compute_mask_ptr(base_ptr + r * row_bytes, row_bytes)
+            self.native_cpu_s += time.thread_time() - c  # llguidance releases the GIL inside its fills
+            for m in ms:
+                if m.ll.is_error():
+                    raise ValueError(f"llguidance matcher error: {m.ll.get_error()}")
+            if forced is not None:  # each matcher is still in its node's state
+                for m, r in zip(ms, rows_):
+                    forced.record_tokens(m.ll.compute_ff_tokens(), r)
+
+        timed_out: List[int] = []
+        walkers: List[_Walker[_GuidanceAsMatcher]] = []
+        try:
+            roots: List[int] = []
+            root_ms: List[_GuidanceAsMatcher] = []
+            for i in rows:
+                m = _GuidanceAsMatcher(requests[i])
+                if not m.is_terminated():
+                    roots.append(i)
+                    root_ms.append(m)
+            if roots:
+                fill(root_ms, [i * n for i in roots])
+            walkers = [_Walker(m, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
+                       for i, m in zip(roots, root_ms)
+                       if _root_child_allowed(nxt[i], sib[i], tok[i], mask_np[i * n], vocab_size)]
+            valid = len(roots) + self._lockstep_rounds(walkers, fill, deadline, timed_out, self.clock)
+        except Exception as exc:  # noqa: BLE001 - one grammar broke the batch: the per-request walk finds which
+            logger.warning("sglang-eagle-overlap: batched llguidance tree walk failed (%s: %s); walking its %d "
+                           "request(s) one by one", type(exc).__name__, exc, len(rows))
+            for w in walkers:
+                try:
+                    w.abandon()
+                except Exception:  # noqa: BLE001 - that grammar is the culprit; the per-request walk reports it
+                    pass
+            for i in rows:
+                _fill_all_allowed(mask[i * n : (i + 1) * n])
+                if forced is not None:
+                    forced.clear_rows(i * n, (i + 1) * n)
+            return list(rows)
+        result.valid_nodes += valid
+        result.timed_out.extend(timed_out)
+        self.guidance_walks += 1
+        return []
 
     # -- the walk of plain xgrammar matchers ----------------------------------------------------------------------
     def _walk_setup(self) -> None:
@@ -607,8 +708,7 @@ class TreeMaskBuilder:
             raise
 
     @staticmethod
-    def _lockstep_rounds(walkers: List[_Walker[xgr.GrammarMatcher]],
-                         fill: Callable[[List[xgr.GrammarMatcher], List[int]], None],
+    def _lockstep_rounds(walkers: List[_Walker[_M]], fill: Callable[[List[_M], List[int]], None],
                          deadline: Optional[float], timed_out: List[int], clock: Callable[[], float]) -> int:
         """The rounds after the roots': each walker moves to its next node to fill, then one batched fill for all."""
         valid = 0
@@ -619,7 +719,7 @@ class TreeMaskBuilder:
                     w.abandon()
                     timed_out.append(w.batch_index)
                 break
-            fill_matchers = []
+            fill_matchers: List[_M] = []
             fill_rows = []
             still = []
             for w in active:
@@ -755,6 +855,20 @@ class _GrammarAsMatcher:
 
     def is_terminated(self) -> bool:
         return bool(self.g.is_terminated())
+
+
+class _GuidanceAsMatcher(_GrammarAsMatcher):
+    """A host grammar with an llguidance matcher (``MaskRequest.guidance``), for the batched llguidance walk: the walk
+    accepts, rolls back and asks termination through the grammar (its termination rule is the host's), and fills
+    ``ll`` directly."""
+
+    __slots__ = ("ll",)
+
+    def __init__(self, req: MaskRequest) -> None:
+        if req.grammar is None or req.guidance is None:
+            raise ValueError(f"request {req.request_id!r} has no llguidance grammar for the batched walk")
+        super().__init__(req.grammar)
+        self.ll = req.guidance
 
 
 def _exact_walk(matcher: WalkMatcher, fill_row: Callable[[int], object], nxt: Sequence[int], sib: Sequence[int],

@@ -12,6 +12,9 @@ with these methods fits; nothing here is checked at run time, and this module im
   the host reads or reuses the buffer.
 * :class:`WalkMatcher` -- what the exact tree walk calls on a grammar: an ``xgrammar.GrammarMatcher``, or a host
   grammar object presented as one (``accept_token`` -> False on rejection).
+* :class:`GuidanceMatcher` -- an ``llguidance.LLMatcher``, as the batched llguidance walk uses it: a row filled in
+  place (GIL-free; a whole row of exactly its tokenizer's width), its error state (llguidance reports grammar errors
+  through the matcher, never by raising) and its fast-forward tokens (grammar-forced drafts).
 * :class:`JumpForward` -- what grammar-forced drafts ask of a matcher (an ``xgrammar.GrammarMatcher``): the text the
   grammar forces from its state.
 * :data:`StatValue` -- one value of the stats snapshot (``StepTelemetry.snapshot``, the JSON stats file).
@@ -19,12 +22,12 @@ with these methods fits; nothing here is checked at run time, and this module im
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Union
 
 if TYPE_CHECKING:
     from torch.types import Device
 
-__all__ = ["DeviceEvent", "ForwardProbe", "JumpForward", "StatValue", "StepExporter", "WalkMatcher"]
+__all__ = ["DeviceEvent", "ForwardProbe", "GuidanceMatcher", "JumpForward", "StatValue", "StepExporter", "WalkMatcher"]
 
 StatValue = Union[int, float, str, bool, None]
 
@@ -60,6 +63,16 @@ class WalkMatcher(Protocol):
     def rollback(self, num_tokens: int, /) -> None: ...
 
     def is_terminated(self) -> bool: ...
+
+
+class GuidanceMatcher(Protocol):
+    def unsafe_compute_mask_ptr(self, trg_pointer: int, trg_byte_size: int, /) -> None: ...
+
+    def is_error(self) -> bool: ...
+
+    def get_error(self) -> str: ...
+
+    def compute_ff_tokens(self) -> List[int]: ...
 
 
 class JumpForward(Protocol):

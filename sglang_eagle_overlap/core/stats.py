@@ -21,6 +21,7 @@ COUNTERS = (
     "replays",  # post-processing asks answered from the ledger (already fed at the barrier)
     "stand_aside_algorithms",  # algorithms whose grammar batches the integration left to SGLang (logged once each)
     "thread_steps",  # verify steps whose native call ran on the grammar thread
+    "guidance_steps",  # verify steps whose llguidance rows took the batched walk (llguidance's parallel fills)
     "schemas_rewritten",  # JSON schemas compiled with maxLength strings as patterns (integration.schemas)
 )
 

@@ -27,6 +27,7 @@ __all__ = [
     "committed_rows",
     "finish_with_error",
     "innermost_grammar",
+    "is_llguidance",
     "is_xgrammar",
     "feed_run",
     "kept_tokens",
@@ -66,6 +67,12 @@ def is_xgrammar(grammar: Any) -> bool:
     return type(grammar).__name__ == "XGrammarGrammar" and hasattr(grammar, "matcher")
 
 
+def is_llguidance(grammar: Any) -> bool:
+    """SGLang's ``GuidanceGrammar`` itself (not a wrapper): its ``ll_matcher`` shares xgrammar's bitmask layout (int32
+    words, token ``t`` at bit ``t % 32`` of word ``t // 32``), so its rows go in the same tree mask."""
+    return type(grammar).__name__ == "GuidanceGrammar" and hasattr(grammar, "ll_matcher")
+
+
 def innermost_grammar(grammar: Any) -> Any:
     """The grammar inside SGLang's reasoning wrapper(s) (``ReasonerGrammarObject``), or ``grammar`` itself."""
     seen = 0
@@ -80,7 +87,8 @@ class RequestView:
     shares), made from its grammar object once instead of at every step (one ``MaskRequest`` per request per
     step was the largest per-request piece before the verify launch), and the grammar they were made from. The
     constrained row holds the bare xgrammar matcher when the grammar is SGLang's ``XGrammarGrammar`` itself, else the
-    grammar object. :func:`committed_rows` reads the request's ledger key (the rows' ``request_id``: its id as a
+    grammar object, with its bare ``llguidance.LLMatcher`` beside it when the grammar is SGLang's ``GuidanceGrammar``
+    itself (batched fills). :func:`committed_rows` reads the request's ledger key (the rows' ``request_id``: its id as a
     string) and its bare matcher (or None) from it instead of deriving them per step. Kept on the ``Req`` (attribute
     :data:`VIEW_ATTR`) by :func:`mask_request_for`, valid while the request holds the same grammar object and that
     grammar the same matcher (a host that rebuilds or swaps either gets a new view at the next step). Holds no
@@ -96,6 +104,8 @@ class RequestView:
             self.row = self.free
         elif is_xgrammar(grammar):
             self.row = MaskRequest(grammar.matcher, None, key)
+        elif is_llguidance(grammar):
+            self.row = MaskRequest(None, grammar, key, grammar.ll_matcher)
         else:
             self.row = MaskRequest(None, grammar, key)
 
@@ -106,7 +116,8 @@ VIEW_ATTR = "_sglang_eo_view"
 def mask_request_for(req: Any) -> MaskRequest:
     """One batch row of the tree mask: unconstrained (no grammar, finished: SG#28986, or being aborted: its grammar is
     not called again and its tokens are discarded), the bare xgrammar matcher
-    (native fills, never ``XGrammarGrammar.rollback``, SG#38863), or the generic walk through the grammar object API
+    (native fills, never ``XGrammarGrammar.rollback``, SG#38863), an llguidance grammar with its bare matcher (batched
+    fills), or the generic walk through the grammar object API
     (reasoning wrapper, other backends). The row is the request's shared :class:`RequestView` row: never mutate it.
     The view kept on the request is used while its grammar and that grammar's matcher (its row's) are the same
     objects; else a new one is made and kept. The one place a request's mask row is chosen: a hook on it (test fault
@@ -126,7 +137,8 @@ def _view_of(req: Any, grammar: Any) -> RequestView:
     one, kept on the request when it takes the attribute."""
     view: Optional[RequestView] = getattr(req, VIEW_ATTR, None)
     if view is None or view.grammar is not grammar or (view.row.matcher is not None and
-                                                        view.row.matcher is not grammar.matcher):
+                                                        view.row.matcher is not grammar.matcher) or (
+            view.row.guidance is not None and view.row.guidance is not grammar.ll_matcher):
         view = RequestView(req, grammar)
         try:
             setattr(req, VIEW_ATTR, view)

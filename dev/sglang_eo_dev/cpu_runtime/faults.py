@@ -19,6 +19,13 @@ fault:
     fill), ``accept_token`` and ``fill_next_token_bitmask`` (the per-request walk that finds the culprit) raise;
   - ``eo-fault-matcher-slow``: ``accept_token`` sleeps :data:`SLOW_FILL_S`, so the lockstep rounds pass the deadline.
 
+* the batched llguidance walk (``--grammar-backend llguidance``): the builder gets the request's grammar wrapped as
+  for ``eo-fault-raise`` and, beside it, a :class:`FaultyGuidance` in place of its ``llguidance.LLMatcher``;
+
+  - ``eo-fault-guidance-raise``: the batched fill of its rows raises (counted as ``faults_guidance_raised``; with
+    llguidance's thread pool, llguidance itself refuses the stand-in), and the per-request walk that finds the culprit
+    then gets ``fill_vocab_mask`` raising (``faults_raised``).
+
 * ``eo-fault-rank1-slow``: ``eo-fault-slow``, but only in the scheduler of tensor-parallel rank 1 (``torch.distributed``
   rank): one rank slower than the others, as when its core is busy (the ranks must still build the same mask).
 
@@ -36,8 +43,8 @@ import dataclasses
 import time
 from typing import Any, Optional
 
-__all__ = ["ENV_FLAG", "RAISE_MARKER", "RANK1_SLOW_MARKER", "SLOW_MARKER", "RAISE_MATCHER_MARKER",
-           "SLOW_MATCHER_MARKER", "SLOW_FILL_S", "FaultyGrammar", "FaultyMatcher", "InjectedGrammarFault",
+__all__ = ["ENV_FLAG", "GUIDANCE_RAISE_MARKER", "RAISE_MARKER", "RANK1_SLOW_MARKER", "SLOW_MARKER", "RAISE_MATCHER_MARKER",
+           "SLOW_MATCHER_MARKER", "SLOW_FILL_S", "FaultyGrammar", "FaultyGuidance", "FaultyMatcher", "InjectedGrammarFault",
            "mask_request_for_around", "TARGET"]
 
 ENV_FLAG = "SGLANG_EO_FAULTS"
@@ -46,6 +53,7 @@ SLOW_MARKER = "eo-fault-slow"
 RAISE_MATCHER_MARKER = "eo-fault-matcher-raise"
 SLOW_MATCHER_MARKER = "eo-fault-matcher-slow"
 RANK1_SLOW_MARKER = "eo-fault-rank1-slow"
+GUIDANCE_RAISE_MARKER = "eo-fault-guidance-raise"
 SLOW_FILL_S = 0.025
 TARGET = "sglang_eagle_overlap.integration.requests.mask_request_for"
 
@@ -79,6 +87,25 @@ class FaultyGrammar:
         stats.count("faults_slow_fills")
         time.sleep(SLOW_FILL_S)
         self.inner.fill_vocab_mask(vocab_mask, idx)
+
+
+class FaultyGuidance:
+    """Stands in for a request's ``llguidance.LLMatcher`` in the batched llguidance walk: its fills raise."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+    def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
+        from sglang_eo_dev.cpu_runtime import stats
+
+        stats.count("faults_guidance_raised")
+        raise InjectedGrammarFault(f"injected llguidance fill fault for request {self.rid} (SGLANG_EO_FAULTS)")
+
+    def is_error(self) -> bool:
+        return False
+
+    def get_error(self) -> str:
+        return ""
 
 
 class FaultyMatcher:
@@ -132,7 +159,7 @@ class FaultyMatcher:
 
 
 def _mode(rid: str) -> Optional[str]:
-    for marker, mode in ((RAISE_MATCHER_MARKER, "matcher-raise"), (SLOW_MATCHER_MARKER, "matcher-slow"),
+    for marker, mode in ((GUIDANCE_RAISE_MARKER, "guidance-raise"), (RAISE_MATCHER_MARKER, "matcher-raise"), (SLOW_MATCHER_MARKER, "matcher-slow"),
                          (RAISE_MARKER, "raise"), (SLOW_MARKER, "slow")):
         if marker in rid:
             return mode
@@ -148,6 +175,11 @@ def mask_request_for_around(original: Any, req: Any) -> Any:
     if mode is None or (out.matcher is None and out.grammar is None):
         return out  # not marked, or unconstrained / finished: nothing to break
     # a new row: the plugin's rows are shared by every step of the request (immutable)
+    if mode == "guidance-raise":
+        if out.guidance is not None:  # an llguidance request: break its batched fill, then its grammar
+            return dataclasses.replace(out, grammar=FaultyGrammar(req.grammar, "raise", rid),
+                                       guidance=FaultyGuidance(rid))
+        return out
     if mode.startswith("matcher-"):
         if out.matcher is not None:  # an xgrammar request: break it on the lockstep path
             return dataclasses.replace(out, matcher=FaultyMatcher(out.matcher, mode[len("matcher-"):], rid))

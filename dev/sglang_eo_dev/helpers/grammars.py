@@ -253,6 +253,44 @@ def sglang_grammar(grammar: str, vocab_size: int, prefix: List[int] = ()) -> Any
     return g
 
 
+@functools.lru_cache(maxsize=None)
+def guidance_tokenizer(vocab_size: int) -> Any:
+    """``llguidance.LLTokenizer`` of the cached BPE, ``vocab_size`` wide, EOS the stop token (as SGLang builds it)."""
+    import llguidance.hf
+
+    from sglang_eo_dev.helpers.tokenizers import EOS_ID, hf_tokenizer
+
+    return llguidance.hf.from_tokenizer(hf_tokenizer(vocab_size), vocab_size, eos_token=EOS_ID)
+
+
+def guidance_source(grammar: str, strict: bool = False) -> str:
+    """llguidance's grammar text of a named grammar (JSON schemas and the regex; llguidance takes no xgrammar EBNF).
+    JSON: flexible whitespace (SGLang's default), or with ``strict`` none but the documents' ``", "`` / ``": "``
+    separators (SGLang's ``--constrained-json-disable-any-whitespace``; keys and punctuation are then forced)."""
+    import llguidance
+
+    options = ({"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "} if strict else None)
+    if grammar == "nested":
+        return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(NESTED_SCHEMA), defaults=options))
+    if grammar == "pattern":
+        return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(PATTERN_SCHEMA), defaults=options))
+    if grammar == "regex":
+        return str(llguidance.grammar_from("regex", REGEX))
+    raise ValueError(f"no llguidance form of {grammar!r}; expected nested, pattern or regex")
+
+
+def guidance_grammar(grammar: str, vocab_size: int, prefix: List[int] = (), strict: bool = False) -> Any:
+    """SGLang's real ``GuidanceGrammar`` (of the running venv) of a named grammar (:func:`guidance_source`), advanced
+    over ``prefix``."""
+    ensure_sglang_importable()
+    from sglang.srt.constrained.llguidance_backend import GuidanceGrammar
+
+    g = GuidanceGrammar(guidance_tokenizer(vocab_size), guidance_source(grammar, strict))
+    for t in prefix:
+        g.accept_token(int(t))
+    return g
+
+
 class CorruptMatcher:
     """A stand-in for a broken xgrammar matcher: accepts every token, then raises when asked for a mask row (it breaks
     the batched native walk and the per-request walk alike). Put it in ``XGrammarGrammar.matcher`` to inject a

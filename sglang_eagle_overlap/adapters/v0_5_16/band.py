@@ -3,7 +3,7 @@
 (``patches/sglang-0.5.16``) both call it, so one code path serves plugin and patch users.
 
 SGLang 0.5.16 forces every speculative grammar decode batch out of overlap (``need_grammar_sync``). With this band,
-EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar stay overlapped; one verify step is:
+EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar or llguidance stay overlapped; one verify step is:
 
 1. ``Scheduler.is_disable_overlap_for_batch`` -> :func:`keeps_overlap`: drop the grammar-sync reason (only that one);
    it also records the overlap loop's ``result_queue`` on the band (the verify barrier reads it).
@@ -39,6 +39,7 @@ from sglang_eagle_overlap.integration.requests import (
     algorithm_name,
     feed_run,
     innermost_grammar,
+    is_llguidance,
     is_xgrammar,
     result_rows,
 )
@@ -83,14 +84,15 @@ def is_eagle_family(obj: Any) -> bool:
 
 
 def can_mask(batch: Any) -> bool:
-    """The native mask uses xgrammar's bitmask layout: a batch with another backend (llguidance, outlines) keeps
-    SGLang's own path. A reasoning wrapper around xgrammar (or around nothing) is fine: it takes the generic walk."""
+    """The tree mask is xgrammar's bitmask layout, which llguidance shares: a batch whose grammars are all xgrammar or
+    llguidance (or a reasoning wrapper around either, or around nothing: the generic walk) is the plugin's; one with
+    another backend (outlines: a boolean mask of its own) keeps SGLang's own path."""
     for req in batch.reqs:
         grammar = getattr(req, "grammar", None)
         if grammar is None or type(grammar).__name__ == "XGrammarGrammar":  # no grammar, or xgrammar itself
             continue
         inner = innermost_grammar(grammar)
-        if inner is not None and not is_xgrammar(inner):
+        if inner is not None and not (is_xgrammar(inner) or is_llguidance(inner)):
             return False
     return True
 
