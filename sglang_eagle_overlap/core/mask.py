@@ -26,8 +26,8 @@ llguidance grammars (a row with ``MaskRequest.guidance``, the bare ``llguidance.
 take the same lockstep rounds: the host grammar object accepts and rolls back (its own termination rule, exactly as
 the host's walk would), and every round's fills go to llguidance in one batched call (``LLExecutor``: its threads,
 the GIL released), written straight into the mask rows. Other grammars (outlines, a reasoning wrapper) take the
-generic walk through the host's grammar object API, request by request, whatever the strategy. The strategies the product never chooses (xgrammar's per-request ``traverse_draft_tree``, and
-the generic walk for every request) live with the dev tools that compare them (``sglang_eo_dev.helpers.strategies``),
+generic walk through the host's grammar object API, request by request, whatever the strategy. The strategies the
+product never chooses (xgrammar's per-request ``traverse_draft_tree``, and the generic walk for every request) live with the dev tools that compare them (``sglang_eo_dev.helpers.strategies``),
 as a subclass overriding :meth:`TreeMaskBuilder._walk_xgrammar`.
 
 With the plugin's native module (``TreeMaskBuilder(native=...)``, :mod:`sglang_eagle_overlap.core.native`), the
@@ -522,8 +522,7 @@ class TreeMaskBuilder:
         guided = [i for i in generic if requests[i].guidance is not None] if generic else generic
         if guided:
             assert lists is not None
-            redo = self._walk_guidance(requests, guided, lists, n, vocab_size, mask, bool(plan.stale), limit, result,
-                                       written, forced)
+            redo = self._walk_guidance(requests, guided, lists, n, vocab_size, mask, limit, result, written, forced)
             generic = [i for i in generic if requests[i].guidance is None] + redo
             deadline = None if limit is None else clock() + limit
         for i in generic:
@@ -572,8 +571,8 @@ class TreeMaskBuilder:
 
     def _walk_guidance(self, requests: Sequence[MaskRequest], rows: Sequence[int],
                        lists: Tuple[List[List[int]], List[List[int]], List[List[int]]], n: int, vocab_size: int,
-                       mask: torch.Tensor, stale: bool, limit: Optional[float], result: TreeMask,
-                       written: List[int], forced: Optional[ForcedDrafts] = None) -> List[int]:
+                       mask: torch.Tensor, limit: Optional[float], result: TreeMask, written: List[int],
+                       forced: Optional[ForcedDrafts] = None) -> List[int]:
         """The lockstep walk of ``rows`` (requests with an llguidance matcher): each round, every request's walker
         moves to its next node through the host grammar's own ``accept_token`` / ``rollback`` / ``is_terminated``,
         then one batched llguidance fill writes all their rows (GIL-free). Same semantics and time-limit contract as
@@ -581,7 +580,9 @@ class TreeMaskBuilder:
         matcher in llguidance's error state, or any grammar call that raises, stops the batched walk: every row is
         put back (all-allowed, grammars rolled back) and returned, for the per-request walk to find the culprit.
         With ``forced``, each filled node's fast-forward tokens (llguidance's ``compute_ff_tokens``) go into its
-        table. Returns the rows to walk one by one (none when the batched walk completed)."""
+        table. Only the rows it fills go into ``written``: llguidance overwrites a row whole, so the build's sparse
+        reset (:meth:`_settle`) restores every other stale row, as for the native walk. Returns the rows to walk one by
+        one (none when the batched walk completed)."""
         nxt, sib, tok = lists
         pool = self._guidance_fills()
         deadline = None if limit is None else self.clock() + limit
@@ -589,10 +590,6 @@ class TreeMaskBuilder:
         row_bytes = int(mask.shape[1]) * 4
         total_rows = int(mask.shape[0])
         base_ptr = mask.data_ptr()
-        for i in rows:
-            written.extend(range(i * n, (i + 1) * n))
-            if stale:  # an unreached node's row must read all-allowed; a filled row is overwritten whole
-                _fill_all_allowed(mask[i * n : (i + 1) * n])
 
         def fill(ms: List[_GuidanceAsMatcher], rows_: List[int]) -> None:
             c = time.thread_time()
@@ -603,6 +600,7 @@ class TreeMaskBuilder:
                 for m, r in zip(ms, rows_):
                     m.ll.unsafe_compute_mask_ptr(base_ptr + r * row_bytes, row_bytes)
             self.native_cpu_s += time.thread_time() - c  # llguidance releases the GIL inside its fills
+            written.extend(rows_)
             for m in ms:
                 if m.ll.is_error():
                     raise ValueError(f"llguidance matcher error: {m.ll.get_error()}")

@@ -67,3 +67,21 @@ def test_the_overlap_decision_always_looks(looks: List[Any]) -> None:
     assert b.mask_verdict(batch, keep=True) is False  # the next step's decision: looked at, not reused
     assert b.mask_verdict(batch) is False
     assert len(looks) == 2
+
+
+class ReasonerGrammarObject:  # the name of SGLang's reasoning wrapper: the plugin looks inside it
+    def __init__(self, grammar: Any) -> None:
+        self.grammar = grammar
+
+
+def test_llguidance_batches_are_the_plugins_and_another_backend_keeps_sglangs_path() -> None:
+    """llguidance's mask is xgrammar's bitmask layout, so its batches stay in the overlap (a real ``GuidanceGrammar``
+    of the installed SGLang, bare or behind the reasoning wrapper); one grammar of another backend (outlines' boolean
+    mask) leaves the whole batch to SGLang."""
+    from sglang_eo_dev.helpers import grammars as G
+
+    guidance = G.guidance_grammar("regex", 32000)
+    assert band.can_mask(_batch(guidance, None, XGrammarGrammar()))
+    assert band.can_mask(_batch(ReasonerGrammarObject(guidance)))
+    assert not band.can_mask(_batch(guidance, OtherBackendGrammar()))
+    assert not band.can_mask(_batch(ReasonerGrammarObject(OtherBackendGrammar())))

@@ -34,6 +34,7 @@ MODULE_ORDER = (
     "test_reasoning_grammar",
     "test_logprobs",
     "test_mixed_grammar_kinds",
+    "test_llguidance",  # --grammar-backend llguidance: 3 engines of its own
     # the real pair (SmolLM2-135M-Instruct + trained EAGLE3 draft), 4 engines per version
     "test_real_model",
     "test_server",

@@ -12,8 +12,10 @@ the default path (the grammar thread: the step's native call on a helper thread)
 (``SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD=0``), and topk 4 with the native batch calls off
 (``SGLANG_EAGLE_OVERLAP_NATIVE=0``: the Python walk and feed they replace; the work then runs inline).
 The plugin's scheduler-side stats (``SGLANG_EAGLE_OVERLAP_STATS_FILE``, written by the scheduler process) prove its
-mask path ran there; with the plugin off no such file appears. Engine starts: 2 pairs x (non-spec + topk 1 / 4 plugin
-on + topk 4 inline + topk 4 Python + topk 1 plugin off) = 12, one at a time (the pool keeps one engine).
+mask path ran there; with the plugin off no such file appears. The inline and Python variants run on the follower pair
+only: its accepted multi-token runs are what those paths feed and walk differently; with the random pair's rejected
+drafts they add nothing the default path does not show. Engine starts: 2 pairs x (non-spec + topk 1 / 4 plugin on +
+topk 1 plugin off) + 2 (follower: topk 4 inline, topk 4 Python) = 10, one at a time (the pool keeps one engine).
 
 One request of the JSON-schema batch has a ``maxLength`` string (:data:`MAX_LENGTH_SCHEMA`): with the plugin on (its
 ``SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN`` default) SGLang 0.5.23 compiles it as a control-character-free pattern
@@ -87,10 +89,18 @@ def baseline(engine_pool, pair):
     return _run(engine_pool, EngineConfig(pair=pair, spec=None, overlap=True, product_plugin=False))[0]
 
 
-@pytest.mark.parametrize("spec, thread, native", [("topk1", None, None), ("topk4", None, None), ("topk4", False, None),
-                                                 ("topk4", None, False)],
-                         ids=["topk1", "topk4", "topk4-inline", "topk4-python"])
-def test_plugin_on_token_identical_to_nonspec(engine_pool, sglang_version, pair, baseline, spec, thread, native):
+@pytest.mark.parametrize("spec", ["topk1", "topk4"])
+def test_plugin_on_token_identical_to_nonspec(engine_pool, sglang_version, pair, baseline, spec):
+    _check_plugin_on(engine_pool, sglang_version, pair, baseline, spec, None, None)
+
+
+@pytest.mark.parametrize("thread, native", [(False, None), (None, False)], ids=["topk4-inline", "topk4-python"])
+def test_inline_and_python_paths_token_identical_to_nonspec(engine_pool, sglang_version, thread, native):
+    baseline = _run(engine_pool, EngineConfig(pair="follower", spec=None, overlap=True, product_plugin=False))[0]
+    _check_plugin_on(engine_pool, sglang_version, "follower", baseline, "topk4", thread, native)
+
+
+def _check_plugin_on(engine_pool, sglang_version, pair, baseline, spec, thread, native) -> None:
     cfg = EngineConfig(pair=pair, spec=spec, overlap=True, product_plugin=True, grammar_thread=thread, native=native)
     on, on_stats, on_runtime = _run(engine_pool, cfg)
     for case in CASES:
