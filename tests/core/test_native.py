@@ -502,3 +502,26 @@ def test_a_result_not_on_the_host_is_read_at_once_never_by_the_native_call():
     want = py.feed([Run(f"r{i}", grammars[i], m_py[i], pos[i], runs[i]) for i in range(len(runs))])
     assert _norm(plan.out) == _norm(want)
     assert all(torch.equal(_state(a), _state(b)) for a, b in zip(m_py, m_cx))
+
+
+def test_step_batch_walks_within_the_budget_it_is_given():
+    """``step_batch``'s ``budget_s`` is the walk's time limit: a spent budget (0 s) stops every walk after its root
+    (timed out, non-root rows all-allowed again, matchers where they were), no budget walks every tree whole."""
+    from sglang_eagle_overlap.core.native import WALK_TIMED_OUT, WALKED
+
+    ms, (nxt, sib, tok) = _batch(3, k=4)
+    nat = native()
+    before = [_state(m) for m in ms]
+    width = (VOCAB + 31) // 32
+    rows = list(range(len(ms)))
+    whole = torch.full((len(ms) * 8, width), -1, dtype=torch.int32)
+    res = nat.step_batch((), (), (), nat.handles(ms), rows, nxt, sib, tok, whole, VOCAB, None)
+    assert list(res.status) == [WALKED] * len(ms)
+    assert all(v > 1 for v in res.valid)  # every tree has drafts past its root: a walk the budget can cut
+    spent = torch.full((len(ms) * 8, width), -1, dtype=torch.int32)
+    res = nat.step_batch((), (), (), nat.handles(ms), rows, nxt, sib, tok, spent, VOCAB, 0.0)
+    assert list(res.status) == [WALK_TIMED_OUT] * len(ms)
+    for i in rows:
+        assert torch.equal(spent[i * 8], whole[i * 8])  # the root row is exact
+        assert bool((spent[i * 8 + 1 : (i + 1) * 8] == -1).all())
+    assert all(torch.equal(_state(m), b) for m, b in zip(ms, before))
