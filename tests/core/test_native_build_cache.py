@@ -12,27 +12,34 @@ file runs a real compile.
 
 from __future__ import annotations
 
+import logging
+import re
+import shlex
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import pytest
 
+from sglang_eagle_overlap.core import native as native_module
 from sglang_eagle_overlap.core.native import NativeUnavailable, build_native, default_cache_dir, load_native
 
 COMPILERS = ("c++", "g++", "clang++")
 
 
-def _fake_compiler(bindir: Path, name: str, log: Path, outputs: Optional[Path] = None) -> Path:
+def _fake_compiler(bindir: Path, name: str, log: Path, outputs: Optional[Path] = None,
+                   argv: Optional[Path] = None) -> Path:
     """A ``name`` in ``bindir`` that logs its name to ``log`` and writes an empty file where ``-o`` points (whose
-    path it appends to ``outputs``, if given)."""
+    path it appends to ``outputs``, if given); with ``argv``, it writes its arguments there, one a line."""
     bindir.mkdir(parents=True, exist_ok=True)
     path = bindir / name
     record = f'echo "$1" >> \'{outputs}\'; ' if outputs is not None else ""
     path.write_text(
         "#!/bin/sh\n"
         f"echo {name} >> '{log}'\n"
-        'while [ $# -gt 0 ]; do\n'
+        + (f"printf '%s\\n' \"$@\" > '{argv}'\n" if argv is not None else "")
+        + 'while [ $# -gt 0 ]; do\n'
         f'  if [ "$1" = "-o" ]; then shift; {record}: > "$1"; fi\n'
         "  shift\n"
         "done\n"
@@ -175,6 +182,60 @@ def test_a_failed_compile_shows_the_command_and_the_compilers_last_lines_as_writ
     assert str(bad) in text and "grammar_batch.cc" in text and "-shared" in text
     assert "error: first problem\nerror: second problem" in text
     assert "FIRST LINE OF A LONG OUTPUT" not in text and len(text) < 6000
+
+
+def test_a_failed_compile_shows_its_command_line_as_run_ready_to_rerun_by_hand(tmp_path, monkeypatch):
+    """The command in the error is the compiler's own argument list as one shell line: pasted into a shell, it runs
+    the very compile that failed, word for word."""
+    argv = tmp_path / "argv"
+    bad = tmp_path / "cxx"
+    bad.write_text("#!/bin/sh\n"
+                   f"printf '%s\\n' \"$@\" > '{argv}'\n"
+                   "echo 'error: no such header' >&2\n"
+                   "exit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CXX", str(bad))
+    with pytest.raises(NativeUnavailable) as err:
+        build_native(tmp_path / "cache")
+    shown = re.search(r"failed \((.*)\):\n", str(err.value))
+    assert shown is not None
+    assert shlex.split(shown.group(1)) == [str(bad), *argv.read_text().splitlines()]
+
+
+def test_the_module_is_linked_to_the_installed_tvm_ffi_library_and_finds_it_at_load(tmp_path, monkeypatch):
+    """The module calls into ``libtvm_ffi``: the compiler is told to link the very library tvm-ffi reports (a
+    library named with ``-l`` and found in a ``-L`` directory), and the module records that directory as its run
+    path, so that loading it needs no ``LD_LIBRARY_PATH``."""
+    from tvm_ffi import libinfo
+
+    argv = tmp_path / "argv"
+    monkeypatch.setenv("CXX", str(_fake_compiler(tmp_path / "bin", "cxx", tmp_path / "log", argv=argv)))
+    build_native(tmp_path / "cache")
+    args = argv.read_text().splitlines()
+    lib = Path(libinfo.find_libtvm_ffi()).resolve()
+    search = [Path(a[2:]) for a in args if a.startswith("-L")]
+    linked = [(d / f"lib{a[2:]}.so").resolve() for a in args if a.startswith("-l") for d in search]
+    run_paths = [Path(p).resolve() for a in args if a.startswith("-Wl,-rpath,") for p in a[11:].split(":")]
+    assert lib in linked
+    assert lib.parent in run_paths
+
+
+def test_a_build_is_logged_with_its_file_and_compile_time_and_a_reuse_is_not(tmp_path, monkeypatch, caplog):
+    """One info line per compile, in the package's log style (``sglang-eagle-overlap: `` first): the library's path
+    and the seconds the compiler took, read from a stand-in clock (2.5 s between the compiler's start and its end).
+    A build found in the cache compiles nothing and logs nothing."""
+    ticks = [50.0, 52.5]
+    monkeypatch.setattr(native_module, "time", SimpleNamespace(perf_counter=lambda: ticks.pop(0)))
+    monkeypatch.setenv("CXX", str(_fake_compiler(tmp_path / "bin", "cxx", tmp_path / "log")))
+    caplog.set_level(logging.INFO, logger=native_module.__name__)
+    built = build_native(tmp_path / "cache")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == native_module.__name__]
+    assert line.startswith("sglang-eagle-overlap: ") and str(built) in line
+    took = re.search(r" in ([0-9.]+) s$", line)
+    assert took is not None and float(took.group(1)) == 2.5
+    caplog.clear()
+    assert build_native(tmp_path / "cache") == built
+    assert [r for r in caplog.records if r.name == native_module.__name__] == []
 
 
 def test_without_tvm_ffi_the_error_names_it(tmp_path, monkeypatch):
