@@ -45,6 +45,17 @@ def output_ids(out: dict[str, Any]) -> list[int]:
     return [int(t) for t in ids]
 
 
+def generate_cases(engine: Any, cases: dict[str, tuple[list[str], list[dict[str, Any]]]]
+                   ) -> dict[str, list[tuple[str, list[int], dict[str, Any]]]]:
+    """Each case (prompts, sampling params) as one batched ``generate``: per case, (text, output ids, finish reason)
+    of every request in order."""
+    out = {}
+    for name, (prompts, params) in cases.items():
+        res = engine.generate(prompt=prompts, sampling_params=params)
+        out[name] = [(r["text"], output_ids(r), r["meta_info"]["finish_reason"]) for r in res]
+    return out
+
+
 def schema_str(schema: dict[str, Any]) -> str:
     return json.dumps(schema)
 

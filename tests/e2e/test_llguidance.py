@@ -27,7 +27,7 @@ from sglang_eo_dev.cpu_runtime import faults
 from sglang_eo_dev.cpu_runtime.engine import EngineConfig
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
 
-from .common import GREEDY, PROMPTS, REGEX, output_ids, schema_str
+from .common import GREEDY, PROMPTS, REGEX, generate_cases, output_ids, schema_str
 
 pytestmark = pytest.mark.engine
 
@@ -50,11 +50,7 @@ FAULT_RID = f"llg-{faults.GUIDANCE_RAISE_MARKER}-1"
 
 
 def _run_all(engine):
-    out = {}
-    for name, (prompts, params) in CASES.items():
-        res = engine.generate(prompt=prompts, sampling_params=params)
-        out[name] = [(r["text"], output_ids(r), r["meta_info"]["finish_reason"]) for r in res]
-    return out
+    return generate_cases(engine, CASES)
 
 
 async def _faulty_batch(engine):

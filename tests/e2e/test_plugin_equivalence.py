@@ -40,7 +40,7 @@ from sglang_eo_dev.cpu_runtime.engine import EngineConfig, model_pair
 from sglang_eo_dev.cpu_runtime.models import FOLLOWER_SCHEMA
 from sglang_eo_dev.cpu_runtime.stats import text_sha256
 
-from .common import EBNF, GREEDY, PROMPTS, REGEX, output_ids, schema_str
+from .common import EBNF, GREEDY, PROMPTS, REGEX, generate_cases, schema_str
 
 pytestmark = pytest.mark.engine
 
@@ -62,11 +62,7 @@ CASES = {
 
 
 def _run_all(engine):
-    out = {}
-    for name, (prompts, params) in CASES.items():
-        res = engine.generate(prompt=prompts, sampling_params=params)
-        out[name] = [(r["text"], output_ids(r), r["meta_info"]["finish_reason"]) for r in res]
-    return out
+    return generate_cases(engine, CASES)
 
 
 def _run(engine_pool, cfg: EngineConfig):
