@@ -9,9 +9,16 @@ positions of valid documents, each step accepts 1..min(steps+1, 4) tokens, the t
 continuation and side nodes are random or grammar-valid tokens. Every step's plugin mask is checked bit-identical to
 SGLang's (outside the timed region).
 
+``--backend llguidance``: the same with SGLang's real ``GuidanceGrammar`` objects (``--grammar-backend
+llguidance``; the JSON schemas): SGLang's side is its per-node walk through the grammar object, the plugin's
+the batched llguidance walk (every round's fills in one llguidance call; 1 and 2 fill threads). Writes
+``grammar_step_llguidance.{json,md}``.
+
 Run (the lock keeps CPU-bound timings away from engine runs on shared machines)::
 
     flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_grammar_step.py [--quick]
+    flock /tmp/sglang-engine.lock .venvs/sglang-0.5.23/bin/python benchmarks/bench_grammar_step.py --backend llguidance \
+        --vocabs 128000 --grammars nested,pattern --batches 8,32,64
 
 Writes benchmarks/results/grammar_step.{json,md} (``--out`` to change). Timings are medians of per-step wall times;
 ratios compare runs of the same process. Not a test: nothing here gates CI.
@@ -95,8 +102,9 @@ def make_plan(grammar: str, vocab: int, topk: int, steps: int, bs: int, n_steps:
     return Plan(docs=docs, starts=starts, runs=runs, trees=trees)
 
 
-def _grammars(grammar, vocab, plan, bs):
-    return [G.sglang_grammar(grammar, vocab, plan.docs[i][: plan.starts[i]]) for i in range(bs)]
+def _grammars(grammar, vocab, plan, bs, backend="xgrammar"):
+    make = G.guidance_grammar if backend == "llguidance" else G.sglang_grammar
+    return [make(grammar, vocab, plan.docs[i][: plan.starts[i]]) for i in range(bs)]
 
 
 def _accept_lists(plan, step, bs, stride):
@@ -114,13 +122,13 @@ def _digest(mask):
     return hashlib.sha1(mask.numpy().tobytes()).hexdigest() if mask is not None else None
 
 
-def run_sglang(grammar, vocab, plan, bs, warmup, stride):
+def run_sglang(grammar, vocab, plan, bs, warmup, stride, backend="xgrammar"):
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
     from sglang.srt.speculative import spec_utils
 
     accept = SchedulerBatchResultProcessor._accept_grammar_tokens  # the real loop; `self` is unused on the success path
     reqs = [SimpleNamespace(grammar=g, rid=f"r{i}", is_retracted=False, finished=lambda: False, to_finish=None)
-            for i, g in enumerate(_grammars(grammar, vocab, plan, bs))]
+            for i, g in enumerate(_grammars(grammar, vocab, plan, bs, backend))]
     times, digests = [], []
     for step in range(len(plan.runs)):
         nxt, sib, tok = (t[:bs] for t in plan.trees[step])
@@ -168,7 +176,7 @@ class FillClock:
         self.cls.batch_fill_next_token_bitmask = self.orig
 
 
-def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill_clock=None):
+def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill_clock=None, backend="xgrammar"):
     from sglang_eagle_overlap.integration.requests import mask_request_for
     from sglang_eagle_overlap.core.ledger import AcceptLedger
     from sglang_eo_dev.helpers.strategies import StrategyMaskBuilder
@@ -176,7 +184,7 @@ def run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads, fill
     ledger = AcceptLedger()
     builder = StrategyMaskBuilder(strategy=strategy, threads=threads)
     reqs = [SimpleNamespace(grammar=g, rid=f"r{i}", finished=lambda: False)
-            for i, g in enumerate(_grammars(grammar, vocab, plan, bs))]
+            for i, g in enumerate(_grammars(grammar, vocab, plan, bs, backend))]
     pos = [plan.starts[i] for i in range(bs)]
     times, digests, fills = [], [], []
     for step in range(len(plan.runs)):
@@ -208,8 +216,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="measured steps per case (after warm-up)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grammar_step"))
+    ap.add_argument("--out", default=None, help="output stem (default benchmarks/results/grammar_step[_llguidance])")
+    ap.add_argument("--backend", choices=("xgrammar", "llguidance"), default="xgrammar")
+    ap.add_argument("--vocabs", default=None, help="comma list (default 32000,128000; --quick 32000)")
+    ap.add_argument("--grammars", default=None, help="comma list of nested, pattern, ebnf (default all; llguidance: "
+                                                       "nested, pattern)")
+    ap.add_argument("--batches", default=None, help="comma list (default 1,8,32,64; --quick 1,8,32)")
     args = ap.parse_args(argv)
+    guidance = args.backend == "llguidance"
     G.ensure_sglang_importable()
     import sglang
     import xgrammar as xgr
@@ -217,6 +231,15 @@ def main(argv=None) -> int:
     batches = [1, 8, 32] if args.quick else BATCHES
     vocabs = [32000] if args.quick else VOCABS
     grammars = ["nested", "ebnf"] if args.quick else GRAMMARS
+    if guidance:
+        grammars = ["nested"] if args.quick else ["nested", "pattern"]  # llguidance takes no xgrammar EBNF
+    if args.batches:
+        batches = [int(x) for x in args.batches.split(",")]
+    if args.vocabs:
+        vocabs = [int(x) for x in args.vocabs.split(",")]
+    if args.grammars:
+        grammars = args.grammars.split(",")
+    configs = PLUGIN_CONFIGS if not guidance else [("lockstep", 1), ("lockstep", 2)]
     measured = args.steps or (4 if args.quick else 7)
     warmup = 1 if args.quick else args.warmup
     n_steps = warmup + measured
@@ -234,15 +257,17 @@ def main(argv=None) -> int:
                 seed = args.seed + zlib.crc32(f"{grammar}-{topk}".encode()) % 1000
                 plan = make_plan(grammar, vocab, topk, steps, bs_max, n_steps, seed=seed)
                 for bs in batches:
-                    up_t, up_d = run_sglang(grammar, vocab, plan, bs, warmup, stride)
+                    up_t, up_d = run_sglang(grammar, vocab, plan, bs, warmup, stride, args.backend)
                     row = dict(vocab=vocab, grammar=grammar, topk=topk, steps=steps, nodes=n, bs=bs,
                                sglang_ms=statistics.median(up_t) * 1e3)
-                    with FillClock() as clock:  # a separate lockstep run: the timing columns stay uninstrumented
-                        _, d, f = run_plugin(grammar, vocab, plan, bs, warmup, stride, "lockstep", 1, clock)
-                    row["fill_ms"] = statistics.median(f) * 1e3
-                    row["ratio_bound"] = row["sglang_ms"] / max(row["fill_ms"], 1e-6)
-                    for strategy, threads in PLUGIN_CONFIGS:
-                        t, d = run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads)
+                    if not guidance:
+                        with FillClock() as clock:  # a separate lockstep run: the timing columns stay uninstrumented
+                            _, d, f = run_plugin(grammar, vocab, plan, bs, warmup, stride, "lockstep", 1, clock)
+                        row["fill_ms"] = statistics.median(f) * 1e3
+                        row["ratio_bound"] = row["sglang_ms"] / max(row["fill_ms"], 1e-6)
+                    for strategy, threads in configs:
+                        t, d = run_plugin(grammar, vocab, plan, bs, warmup, stride, strategy, threads,
+                                          backend=args.backend)
                         if d != up_d:
                             raise SystemExit(f"MASK MISMATCH vs SGLang: {grammar} vocab={vocab} topk={topk} bs={bs} "
                                              f"{strategy}/{threads}")
@@ -257,20 +282,50 @@ def main(argv=None) -> int:
     meta = dict(command=command, sglang=sglang.__version__, xgrammar=getattr(xgr, "__version__", None) or _xgr_version(),
                 torch=torch.__version__, python=platform.python_version(), cpus=os.cpu_count(),
                 machine=platform.machine(), seed=args.seed, warmup=warmup, measured_steps=measured,
-                quick=args.quick, wall_s=round(time.time() - t_start, 1),
+                quick=args.quick, wall_s=round(time.time() - t_start, 1), backend=args.backend,
+                llguidance=_version("llguidance") if guidance else None,
                 note="medians of per-step wall time (ledger advance + tree mask for the whole batch); ratio = SGLang / plugin")
-    out = Path(args.out)
+    out = Path(args.out or ROOT / "benchmarks" / "results" / ("grammar_step_llguidance" if guidance else "grammar_step"))
     out.parent.mkdir(parents=True, exist_ok=True)
+    render = render_guidance_md if guidance else render_md
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    out.with_suffix(".md").write_text(render_md(meta, rows))
-    print(render_md(meta, rows))
+    out.with_suffix(".md").write_text(render(meta, rows))
+    print(render(meta, rows))
     return 0
 
 
-def _xgr_version():
+def _version(dist):
     from importlib.metadata import version
 
-    return version("xgrammar")
+    return version(dist)
+
+
+def _xgr_version():
+    return _version("xgrammar")
+
+
+def render_guidance_md(meta, rows) -> str:
+    lines = [
+        "# Grammar work per verify step with llguidance: plugin vs SGLang",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"SGLang {meta['sglang']}, llguidance {meta['llguidance']}, torch {meta['torch']}, Python {meta['python']}, "
+        f"{meta['cpus']} CPUs. {meta['warmup']} warm-up + {meta['measured_steps']} measured steps per row; "
+        f"{meta['note']}. SGLang: its per-node walk through `GuidanceGrammar` (one llguidance fill per node, one "
+        "request after another); plugin: the batched llguidance walk (each round's fills in one llguidance call). "
+        "Every plugin mask was checked bit-identical to SGLang's.",
+        "",
+        "| vocab | grammar | tree (topk/steps/nodes) | bs | SGLang ms | plugin, 1 fill thread ms (×) "
+        "| plugin, 2 fill threads ms (×) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['vocab'] // 1000}k | {r['grammar']} | {r['topk']}/{r['steps']}/{r['nodes']} | {r['bs']} | "
+            f"{r['sglang_ms']:.2f} | {r['lockstep1_ms']:.2f} ({r['lockstep1_ratio']:.1f}×) | "
+            f"{r['lockstep2_ms']:.2f} ({r['lockstep2_ratio']:.1f}×) |")
+    return "\n".join(lines) + "\n"
 
 
 def render_md(meta, rows) -> str:
