@@ -3,9 +3,9 @@
 A JSON schema decides much of the output (keys, quotes, colons, brackets). While step N's tree mask is built, every
 valid node's matcher state is at hand, so the grammar's forced continuation after each node is cheap to ask for:
 xgrammar's ``find_jump_forward_string``, tokenized the way the model writes it alone (``encode``), the last token
-held back (it could merge with what follows); llguidance's fast-forward tokens (``compute_ff_tokens``) as they are. Which node step N accepts is known only on the device after the
-verify, so the per-node table goes up with the mask and the device picks the accepted node's row (a gather, no host
-sync). Step N+1's draft tree then gets those tokens on its top path (the first-child chain from the root), in place
+held back (it could merge with what follows); llguidance's fast-forward tokens (``compute_ff_tokens``) as they are.
+Which node step N accepts is known only on the device after the verify, so the per-node table goes up with the
+mask and the device picks the accepted node's row (a gather, no host sync). Step N+1's draft tree then gets those tokens on its top path (the first-child chain from the root), in place
 of what the draft model proposed, before the target verify reads them -- except from the first position where the
 draft model's token spells a prefix of the forced text in other tokens (a draft trained on the target's outputs has
 learned how the target tokenizes the forced text; replacing its token there would cut a path the target accepts).

@@ -27,8 +27,9 @@ take the same lockstep rounds: the host grammar object accepts and rolls back (i
 the host's walk would), and every round's fills go to llguidance in one batched call (``LLExecutor``: its threads,
 the GIL released), written straight into the mask rows. Other grammars (outlines, a reasoning wrapper) take the
 generic walk through the host's grammar object API, request by request, whatever the strategy. The strategies the
-product never chooses (xgrammar's per-request ``traverse_draft_tree``, and the generic walk for every request) live with the dev tools that compare them (``sglang_eo_dev.helpers.strategies``),
-as a subclass overriding :meth:`TreeMaskBuilder._walk_xgrammar`.
+product never chooses (xgrammar's per-request ``traverse_draft_tree``, and the generic walk for every request) live
+with the dev tools that compare them (``sglang_eo_dev.helpers.strategies``), as a subclass overriding
+:meth:`TreeMaskBuilder._walk_xgrammar`.
 
 With the plugin's native module (``TreeMaskBuilder(native=...)``, :mod:`sglang_eagle_overlap.core.native`), the
 lockstep walk runs as one C++ call per build, with the previous batch's waiting runs (``feeds``, a ledger plan) fed in
@@ -155,6 +156,7 @@ class TreeMask:
     failed: List[Tuple[int, str]] = field(default_factory=list)  # (batch index, error) whose grammar raised
     build_s: float = 0.0
     valid_nodes: int = 0
+    guidance_walked: bool = False  # llguidance rows took the batched walk
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -609,29 +611,12 @@ class TreeMaskBuilder:
                     forced.record_tokens(m.ll.compute_ff_tokens(), r)
 
         timed_out: List[int] = []
-        walkers: List[_Walker[_GuidanceAsMatcher]] = []
         try:
-            roots: List[int] = []
-            root_ms: List[_GuidanceAsMatcher] = []
-            for i in rows:
-                m = _GuidanceAsMatcher(requests[i])
-                if not m.is_terminated():
-                    roots.append(i)
-                    root_ms.append(m)
-            if roots:
-                fill(root_ms, [i * n for i in roots])
-            walkers = [_Walker(m, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
-                       for i, m in zip(roots, root_ms)
-                       if _root_child_allowed(nxt[i], sib[i], tok[i], mask_np[i * n], vocab_size)]
-            valid = len(roots) + self._lockstep_rounds(walkers, fill, deadline, timed_out, self.clock)
+            valid = self._walk_from_roots([(i, _GuidanceAsMatcher(requests[i])) for i in rows], fill, nxt, sib, tok,
+                                          n, vocab_size, mask_np, deadline, timed_out)
         except Exception as exc:  # noqa: BLE001 - one grammar broke the batch: the per-request walk finds which
             logger.warning("sglang-eagle-overlap: batched llguidance tree walk failed (%s: %s); walking its %d "
                            "request(s) one by one", type(exc).__name__, exc, len(rows))
-            for w in walkers:
-                try:
-                    w.abandon()
-                except Exception:  # noqa: BLE001 - that grammar is the culprit; the per-request walk reports it
-                    pass
             for i in rows:
                 _fill_all_allowed(mask[i * n : (i + 1) * n])
                 if forced is not None:
@@ -639,6 +624,7 @@ class TreeMaskBuilder:
             return list(rows)
         result.valid_nodes += valid
         result.timed_out.extend(timed_out)
+        result.guidance_walked = True
         self.guidance_walks += 1
         return []
 
@@ -683,26 +669,33 @@ class TreeMaskBuilder:
                     forced.record(m, r)
         mask_np = mask.numpy()
         # Round 0: every root whose grammar is not terminated (a terminated one keeps its rows all-allowed).
-        roots: List[int] = []
-        root_matchers: List[xgr.GrammarMatcher] = []
-        for i in rows:
-            matcher = _native_matcher(requests[i])
-            if not matcher.is_terminated():
-                roots.append(i)
-                root_matchers.append(matcher)
+        return self._walk_from_roots([(i, _native_matcher(requests[i])) for i in rows], fill, nxt, sib, tok, n,
+                                     vocab_size, mask_np, deadline, timed_out)
+
+    def _walk_from_roots(self, matchers: Sequence[Tuple[int, _M]], fill: Callable[[List[_M], List[int]], None],
+                         nxt: Sequence[Sequence[int]], sib: Sequence[Sequence[int]], tok: Sequence[Sequence[int]],
+                         n: int, vocab_size: int, mask_np: npt.NDArray[np.int32], deadline: Optional[float],
+                         timed_out: List[int]) -> int:
+        """Both lockstep walks from their ``(batch index, matcher)`` pairs: round 0 fills every root whose grammar is
+        not terminated (a terminated one keeps its rows all-allowed), then :meth:`_lockstep_rounds`. Returns the valid
+        nodes. If anything raises, every matcher is put back where it was (a walker whose own rollback fails does not
+        keep the others from theirs) and the first error is raised: the caller rebuilds request by request."""
+        roots = [(i, m) for i, m in matchers if not m.is_terminated()]
         if not roots:
             return 0
-        fill(root_matchers, [i * n for i in roots])
+        fill([m for _, m in roots], [i * n for i, _ in roots])
         # Only requests with a draft the root's row allows walk on (with drafts the grammar rejects -- a draft model
         # that ignores the grammar, a random one -- most requests stop here, without a walker).
-        walkers = [_Walker(m, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i)
-                   for i, m in zip(roots, root_matchers)
+        walkers = [_Walker(m, nxt[i], sib[i], tok[i], i * n, vocab_size, mask_np, i) for i, m in roots
                    if _root_child_allowed(nxt[i], sib[i], tok[i], mask_np[i * n], vocab_size)]
         try:
             return len(roots) + self._lockstep_rounds(walkers, fill, deadline, timed_out, self.clock)
         except BaseException:
-            for w in walkers:  # put every matcher back where it was; the caller rebuilds request by request
-                w.abandon()
+            for w in walkers:
+                try:
+                    w.abandon()
+                except Exception:  # noqa: BLE001 - that grammar is the culprit; the per-request walk reports it
+                    pass
             raise
 
     @staticmethod

@@ -583,7 +583,6 @@ class GrammarStep:
         t0 = time.perf_counter()
         self.telemetry.probe.on_mask_start(device, t0)
         threaded = job.future is not None
-        guidance_walks = self.builder.guidance_walks
         if job.future is not None:
             result, t_join = self._join(job)
         else:
@@ -591,7 +590,7 @@ class GrammarStep:
                 self._collect(job)
             result = self._run(job)
             t_join = time.perf_counter()
-        if self.builder.guidance_walks != guidance_walks:
+        if result.guidance_walked:
             self.telemetry.stats.counters["guidance_steps"] += 1
         device_mask = None
         if job.forced and self.forced is not None:

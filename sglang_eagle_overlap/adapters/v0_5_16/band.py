@@ -3,7 +3,8 @@
 (``patches/sglang-0.5.16``) both call it, so one code path serves plugin and patch users.
 
 SGLang 0.5.16 forces every speculative grammar decode batch out of overlap (``need_grammar_sync``). With this band,
-EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar or llguidance stay overlapped; one verify step is:
+EAGLE / EAGLE3 / STANDALONE decode batches whose grammars are all xgrammar or llguidance stay overlapped; one verify
+step is:
 
 1. ``Scheduler.is_disable_overlap_for_batch`` -> :func:`keeps_overlap`: drop the grammar-sync reason (only that one);
    it also records the overlap loop's ``result_queue`` on the band (the verify barrier reads it).
