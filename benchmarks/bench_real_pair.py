@@ -128,9 +128,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--draft", choices=["chat", "json"], default="chat",
+                    help="EAGLE3 draft: chat = trained on general chat answers (default, the draft users have); "
+                         "json = trained on JSON answers (the specialised draft; built and cached on first use)")
     ap.add_argument("--draft-epochs", type=int, default=None,
-                    help="use an EAGLE3 draft trained for this many epochs (built and cached on first use; default: "
-                         "the project's draft)")
+                    help="use the draft trained for this many epochs (built and cached on first use; default: the "
+                         "recipe's)")
     args = ap.parse_args()
     from importlib.metadata import version
 
@@ -138,10 +141,10 @@ def main() -> None:
 
     stats_dir = Path(tempfile.mkdtemp(prefix="bench-real-pair-"))
     draft = None
-    if args.draft_epochs is not None:
+    if args.draft_epochs is not None or args.draft != "chat":
         from sglang_eo_dev.real_model.build import build_all
 
-        draft = build_all(args.draft_epochs)["eagle3"]
+        draft = build_all(args.draft, args.draft_epochs)["eagle3"]
     algo = args.algorithm
     specs = ["topk1"] if algo == "NGRAM" else (args.spec or ["topk1", "topk4"])
     results = [run_tree(s, args.rounds, args.max_new_tokens, forced, stats_dir, draft, algo)
@@ -152,13 +155,16 @@ def main() -> None:
     env = (f"SGLang {v}, xgrammar {version('xgrammar')}, Python {platform.python_version()}, CPU engine on this "
            f"machine (shared, noisy); greedy, max_new_tokens {args.max_new_tokens}, plugin on, overlap on, JSON "
            f"without whitespace (constrained_json_disable_any_whitespace); {algo} draft: "
-           + (f"trained {args.draft_epochs} epochs" if args.draft_epochs is not None else
-              {"EAGLE3": "the project's trained one", "STANDALONE": "the target's first 6 of 30 layers, untrained",
+           + (f"the {args.draft}-trained one" + (f", {args.draft_epochs} epochs" if args.draft_epochs else "")
+              if algo == "EAGLE3" else
+              {"STANDALONE": "the target's first 6 of 30 layers, untrained",
                "NGRAM": "none (8 draft tokens)"}[algo]))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"real_pair_{v}"  # not Path.with_suffix: it would cut "0.5.16" to "0.5"
     if algo != "EAGLE3":
         stem += f"_{algo.lower()}"
+    if args.draft != "chat":
+        stem += f"_{args.draft}draft"
     if args.draft_epochs is not None:
         stem += f"_draft{args.draft_epochs}ep"
     (args.out / f"{stem}.json").write_text(json.dumps({"command": cmd, "env": env, "results": results}, indent=1))

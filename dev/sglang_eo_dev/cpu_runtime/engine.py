@@ -7,7 +7,7 @@ context so a start takes ~25-40 s on 2 cores, greedy verification, xgrammar with
 ``topk4`` (topk 4, 3 steps, 8 draft tokens); ``None`` runs without speculation.
 
 Speculative algorithm (``EngineConfig.algorithm``): ``EAGLE3`` with the ``random`` / ``follower`` / ``noisy-follower``
-/ ``soft-follower`` (:mod:`.soft_pair`) pairs and the real ``smollm2`` pair (SmolLM2-135M-Instruct + a locally trained EAGLE3 draft, :mod:`..real_model`); ``EAGLE`` (EAGLE-2 draft), ``STANDALONE`` (small Llama draft), ``NGRAM`` (no draft) with the ``think-follower``
+/ ``soft-follower`` (:mod:`.soft_pair`) pairs and the real ``smollm2`` pair (SmolLM2-135M-Instruct + a locally trained EAGLE3 draft, :mod:`..real_model`: the chat-trained draft; ``smollm2-json`` runs the JSON-trained one); ``EAGLE`` (EAGLE-2 draft), ``STANDALONE`` (small Llama draft), ``NGRAM`` (no draft) with the ``think-follower``
 Llama target; ``NEXTN`` with ``think-follower-mtp`` (a MiMo target whose MTP layer is the draft, draft path = target
 path). ``reasoning_parser`` passes ``--reasoning-parser`` (the think-follower tokenizer has ``</think>``).
 ``tp_size`` > 1 runs tensor parallelism: one scheduler process per rank, gloo collectives (no AMX: SGLang's
@@ -61,7 +61,7 @@ SITE_DIR = str(Path(__file__).resolve().parent / "_site")
 SpecVariant = Optional[Literal["topk1", "topk4"]]
 Algorithm = Literal["EAGLE3", "EAGLE", "NEXTN", "STANDALONE", "NGRAM"]
 PairName = Literal["random", "follower", "noisy-follower", "soft-follower", "think-follower", "think-follower-mtp",
-                   "smollm2"]
+                   "smollm2", "smollm2-json"]
 # NGRAM: drafts come from a token trie over the prompts and outputs (no model); a tree of 8 draft tokens, breadth <= 2.
 NGRAM_ARGS: dict[str, int] = {"speculative_num_draft_tokens": 8, "speculative_ngram_max_bfs_breadth": 2}
 SPEC_VARIANTS: dict[str, dict[str, int]] = {
@@ -109,7 +109,7 @@ def model_pair(cfg: EngineConfig) -> models.ModelPair:
     """Target and draft paths for ``cfg`` (``draft`` is "" when the algorithm needs no draft model)."""
     if cfg.pair in ("think-follower", "think-follower-mtp"):
         return _think_pair(cfg)
-    if cfg.pair == "smollm2":
+    if cfg.pair in ("smollm2", "smollm2-json"):
         return _real_pair(cfg)
     if cfg.spec is not None and cfg.algorithm != "EAGLE3":
         raise ValueError(f"pair {cfg.pair!r} has an EAGLE3 draft only; algorithm {cfg.algorithm} needs a "
@@ -130,12 +130,13 @@ def model_pair(cfg: EngineConfig) -> models.ModelPair:
 
 def _real_pair(cfg: EngineConfig) -> models.ModelPair:
     """SmolLM2-135M-Instruct and its drafts (built once, cached; see :mod:`sglang_eo_dev.real_model`): EAGLE3 (trained
-    locally), STANDALONE (a layer-truncated copy of the target, untrained), NGRAM (no draft model)."""
+    locally: on general chat answers for ``smollm2``, on JSON answers for ``smollm2-json``), STANDALONE (a
+    layer-truncated copy of the target, untrained), NGRAM (no draft model)."""
     if cfg.spec is not None and cfg.algorithm not in ("EAGLE3", "STANDALONE", "NGRAM"):
         raise ValueError(f"pair 'smollm2' has EAGLE3, STANDALONE and NGRAM drafts, not {cfg.algorithm}")
     from sglang_eo_dev.real_model.build import build_all
 
-    paths = build_all()
+    paths = build_all("json" if cfg.pair == "smollm2-json" else "chat")
     draft = paths["eagle3"]
     if cfg.spec is not None and cfg.algorithm == "STANDALONE":
         from sglang_eo_dev.real_model.standalone import build_standalone

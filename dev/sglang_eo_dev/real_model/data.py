@@ -5,8 +5,10 @@ in the cache). Each request's result is cached as its own file under ``cache_roo
 request, the target folder and :data:`GEN_VERSION` (bump it when the generation changes), so editing the training
 code never regenerates, and a smaller prompt set reuses the larger one's results.
 
-Requests with a schema are decoded under it with xgrammar (``any_whitespace=False``, as the engine compiles it); the
-rest freely; both greedy until eos or ``max_new_tokens``. Requests are batched by schema family (similar lengths).
+Requests with a schema are decoded under it with xgrammar (``any_whitespace=False``, as the engine compiles it) by
+transformers (:func:`generate`); the rest freely by the lean decoder of :mod:`.fast_gen` (the same tokens, several
+times faster); both greedy until eos or ``max_new_tokens``. Requests are batched by schema family (similar lengths),
+free ones by length.
 """
 
 from __future__ import annotations
@@ -35,12 +37,22 @@ def samples(target_dir: Path, requests: list, max_new_tokens: int, batch_size: i
     import torch
 
     missing = [r for r in requests if not _file(target_dir, r, max_new_tokens).exists()]
-    missing.sort(key=lambda r: (r.schema or "~", r.user))
+    # schema requests by family (similar lengths), then free ones by length (less padding)
+    missing.sort(key=lambda r: (r.schema or "~", len(r.user) if r.schema is None else 0, r.user))
     if missing:
         log(f"generating {len(missing)} of {len(requests)} training answers with the target")
     for start in range(0, len(missing), batch_size):
         batch = missing[start:start + batch_size]
-        for r, s in zip(batch, generate(target_dir, batch, max_new_tokens)):
+        if any(r.schema for r in batch):
+            made = generate(target_dir, batch, max_new_tokens)
+        else:  # free answers: the lean decoder (same tokens, several times faster)
+            from transformers import AutoTokenizer
+
+            from sglang_eo_dev.real_model.fast_gen import generate_free
+
+            tok = AutoTokenizer.from_pretrained(str(target_dir))
+            made = generate_free(target_dir, [_render(tok, r) for r in batch], max_new_tokens)
+        for r, s in zip(batch, made):
             f = _file(target_dir, r, max_new_tokens)
             f.parent.mkdir(parents=True, exist_ok=True)
             tmp = f.with_suffix(f".{os.getpid()}.tmp")

@@ -111,9 +111,10 @@ def _modules(cfg: dict):
                 attn = torch.softmax(scores[0], dim=-1) @ values[0]
             else:
                 p = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
-                attn = p[..., :T] @ values[0]
+                n0 = values[0].shape[2]  # step 0's keys: every position (the queries may be a suffix of them)
+                attn = p[..., :n0] @ values[0]
                 for j, vj in enumerate(values[1:]):
-                    attn = attn + p[..., T + j:T + j + 1] * vj
+                    attn = attn + p[..., n0 + j:n0 + j + 1] * vj
             a = self.o_proj(attn.transpose(1, 2).reshape(B, T, nh * hd))
             residual = a + residual
             h = self.post_attention_layernorm(residual)
@@ -224,7 +225,9 @@ def train(samples: list[Sample], target_dir: Path, epochs: int, seed: int = 0, l
     return draft.state_dict(), hot, cfg, stats
 
 
-def _batch_loss(draft, batch: list[Sample], embed, t2d, cfg: dict, steps: int):
+def _batch_loss(draft, batch: list[Sample], embed, t2d, cfg: dict, steps: int, trim: bool = True):
+    """The batch's test-time-training loss and, per step, (correct, counted) top-1 predictions. ``trim=False`` runs
+    steps >= 1 over every position (the reference the trimmed run must equal)."""
     import torch
 
     B = len(batch)
@@ -244,10 +247,16 @@ def _batch_loss(draft, batch: list[Sample], embed, t2d, cfg: dict, steps: int):
     past: list = []
     total = 0.0
     correct, count = [], []
+    # Steps >= 1 only matter where a label counts: from the shortest prompt's end on. Their queries start there (the
+    # same rows, ~1/3 less work on chat data); step 0 runs every position, since all of them are its keys.
+    first = max(0, min(s.prompt_len for s in batch) - steps) if trim else 0
     for k in range(steps):
-        inp = tokens[:, 1 + k:1 + k + T]  # token x[i+1+k] at position i
-        lab = tokens[:, 2 + k:2 + k + T]  # predicts x[i+2+k]
-        ok = valid[:, 2 + k:2 + k + T]
+        lo = 0 if k == 0 else first
+        if k == 1 and first:
+            hidden, positions, causal = hidden[:, first:], positions[:, first:], causal[first:]
+        inp = tokens[:, lo + 1 + k:1 + k + T]  # token x[i+1+k] at position i
+        lab = tokens[:, lo + 2 + k:2 + k + T]  # predicts x[i+2+k]
+        ok = valid[:, lo + 2 + k:2 + k + T]
         cos, sin = _rope_tables(positions + k, cfg["head_dim"], cfg["theta"])
         hidden, kv = draft(embed[inp], hidden, cos, sin, past, causal)
         past.append(kv)
