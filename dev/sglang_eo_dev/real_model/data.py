@@ -39,18 +39,19 @@ def samples(target_dir: Path, requests: list, max_new_tokens: int, batch_size: i
     missing = [r for r in requests if not _file(target_dir, r, max_new_tokens).exists()]
     # schema requests by family (similar lengths), then free ones by length (less padding)
     missing.sort(key=lambda r: (r.schema or "~", len(r.user) if r.schema is None else 0, r.user))
+    tok = None
     if missing:
+        from transformers import AutoTokenizer
+
         log(f"generating {len(missing)} of {len(requests)} training answers with the target")
+        tok = AutoTokenizer.from_pretrained(str(target_dir))
     for start in range(0, len(missing), batch_size):
         batch = missing[start:start + batch_size]
         if any(r.schema for r in batch):
             made = generate(target_dir, batch, max_new_tokens)
         else:  # free answers: the lean decoder (same tokens, several times faster)
-            from transformers import AutoTokenizer
-
             from sglang_eo_dev.real_model.fast_gen import generate_free
 
-            tok = AutoTokenizer.from_pretrained(str(target_dir))
             made = generate_free(target_dir, [_render(tok, r) for r in batch], max_new_tokens)
         for r, s in zip(batch, made):
             f = _file(target_dir, r, max_new_tokens)

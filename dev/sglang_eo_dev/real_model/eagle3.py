@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["AUX_LAYER_IDS", "DRAFT_VOCAB", "TTT_STEPS", "Sample", "hot_tokens", "train", "save_draft"]
+__all__ = ["AUX_LAYER_IDS", "DRAFT_VOCAB", "TTT_STEPS", "Sample", "hot_tokens", "save_draft", "target_geometry",
+           "train"]
 
 AUX_LAYER_IDS = [1, 14, 26]  # 30-layer target: features entering layers 2, 15, 27
 DRAFT_VOCAB = 8192
@@ -145,6 +146,17 @@ def _rope_tables(positions, hd: int, theta: float):
     return ang.cos(), ang.sin()
 
 
+def target_geometry(target_dir: Path) -> dict[str, Any]:
+    """The target's layer shapes from its ``config.json``: hidden, heads, kv_heads, head_dim, inter, eps, theta
+    (the draft's decoder layer has the same; :mod:`.fast_gen` runs the target with them)."""
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    H = tcfg["hidden_size"]
+    return dict(hidden=H, heads=tcfg["num_attention_heads"], kv_heads=tcfg["num_key_value_heads"],
+                head_dim=tcfg.get("head_dim") or H // tcfg["num_attention_heads"], inter=tcfg["intermediate_size"],
+                eps=tcfg["rms_norm_eps"],
+                theta=(tcfg.get("rope_parameters") or {}).get("rope_theta", tcfg.get("rope_theta", 10000.0)))
+
+
 def hot_tokens(samples: list[Sample], vocab: int, n: int) -> list[int]:
     """The ``n`` draft-vocabulary target ids: every generated token by frequency, then prompt tokens, then the
     lowest ids (a BPE vocabulary lists frequent merges first); sorted ascending."""
@@ -172,12 +184,7 @@ def train(samples: list[Sample], target_dir: Path, epochs: int, seed: int = 0, l
     from safetensors.torch import load_file
 
     torch.manual_seed(seed)
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    H = tcfg["hidden_size"]
-    cfg = dict(hidden=H, heads=tcfg["num_attention_heads"], kv_heads=tcfg["num_key_value_heads"],
-               head_dim=tcfg.get("head_dim") or H // tcfg["num_attention_heads"], inter=tcfg["intermediate_size"],
-               eps=tcfg["rms_norm_eps"], draft_vocab=DRAFT_VOCAB,
-               theta=(tcfg.get("rope_parameters") or {}).get("rope_theta", tcfg.get("rope_theta", 10000.0)))
+    cfg = dict(target_geometry(target_dir), draft_vocab=DRAFT_VOCAB)
     weights = load_file(str(target_dir / "model.safetensors"))
     embed = weights["model.embed_tokens.weight"].float()
     head = weights.get("lm_head.weight", embed).float()

@@ -18,10 +18,11 @@ compares the tokens of both on a few prompts).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
-from sglang_eo_dev.real_model.eagle3 import AUX_LAYER_IDS, Sample
+from sglang_eo_dev.real_model.eagle3 import AUX_LAYER_IDS, Sample, _rope, _rope_tables, target_geometry
 
 __all__ = ["generate_free"]
 
@@ -33,19 +34,17 @@ class _Target:
         import torch
         from safetensors.torch import load_file
 
+        g = target_geometry(target_dir)
         cfg = json.loads((target_dir / "config.json").read_text())
         w = load_file(str(target_dir / "model.safetensors"))
-        self.n_layers = int(cfg["num_hidden_layers"])
-        self.nh, self.nkv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-        self.hd = int(cfg.get("head_dim") or cfg["hidden_size"] // self.nh)
-        self.eps = float(cfg["rms_norm_eps"])
-        self.theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        self.nh, self.nkv, self.hd = int(g["heads"]), int(g["kv_heads"]), int(g["head_dim"])
+        self.eps, self.theta = float(g["eps"]), float(g["theta"])
         self.eos = int(cfg["eos_token_id"])
         self.embed = w["model.embed_tokens.weight"].float()
         self.head = w.get("lm_head.weight", self.embed).float()
         self.norm = w["model.norm.weight"].float()
         self.layers = []
-        for i in range(self.n_layers):
+        for i in range(int(cfg["num_hidden_layers"])):
             p = f"model.layers.{i}."
             self.layers.append(dict(
                 ln1=w[p + "input_layernorm.weight"].float(),
@@ -88,14 +87,9 @@ class _Target:
         return logits, torch.cat(feats, dim=-1)
 
 
-def _rope(x, cos, sin):
-    import torch
-
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
-_CACHE: dict[str, _Target] = {}
+@functools.lru_cache(maxsize=1)
+def _target(target_dir: Path) -> _Target:
+    return _Target(target_dir)
 
 
 def generate_free(target_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[Sample]:
@@ -103,11 +97,7 @@ def generate_free(target_dir: Path, prompts: list[list[int]], max_new_tokens: in
     their features (float32 rows for positions ``0 .. len(ids) - 2``)."""
     import torch
 
-    key = str(target_dir)
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = _Target(target_dir)
-    m = _CACHE[key]
+    m = _target(Path(target_dir))
     B, P = len(prompts), max(map(len, prompts))
     Lmax = P + max_new_tokens
     pad = torch.tensor([P - len(p) for p in prompts])
@@ -117,16 +107,13 @@ def generate_free(target_dir: Path, prompts: list[list[int]], max_new_tokens: in
     slot = torch.arange(Lmax)
     valid = slot.unsqueeze(0) >= pad.unsqueeze(1)  # [B, Lmax]: not a pad slot
     pos = (slot.unsqueeze(0) - pad.unsqueeze(1)).clamp(min=0)
-    inv = 1.0 / (m.theta ** (torch.arange(0, m.hd, 2, dtype=torch.float32) / m.hd))
-    ang = pos.float().unsqueeze(-1) * inv
-    ang = torch.cat([ang, ang], dim=-1)  # [B, Lmax, hd]
-    cos_all, sin_all = ang.cos().unsqueeze(2), ang.sin().unsqueeze(2)  # [B, Lmax, 1, hd]
-    kcache = [torch.zeros(B, m.nkv, Lmax, m.hd) for _ in range(m.n_layers)]
-    vcache = [torch.zeros(B, m.nkv, Lmax, m.hd) for _ in range(m.n_layers)]
+    cos_all, sin_all = _rope_tables(pos, m.hd, m.theta)  # [B, Lmax, 1, hd]
+    kcache = [torch.zeros(B, m.nkv, Lmax, m.hd) for _ in m.layers]
+    vcache = [torch.zeros(B, m.nkv, Lmax, m.hd) for _ in m.layers]
     keep = set(AUX_LAYER_IDS)
     feats = torch.zeros(B, Lmax, 3 * m.embed.shape[1])
     gen: list[list[int]] = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool)
+    done = [False] * B
     with torch.no_grad():
         # prefill: causal over valid keys; a pad query sees only itself
         causal = slot[:P].unsqueeze(1) >= slot[:P].unsqueeze(0)
@@ -135,11 +122,11 @@ def generate_free(target_dir: Path, prompts: list[list[int]], max_new_tokens: in
         feats[:, :P] = f
         for step in range(max_new_tokens):
             nxt = logits.argmax(-1)
-            for b in range(B):
+            for b, t in enumerate(nxt.tolist()):
                 if not done[b]:
-                    gen[b].append(int(nxt[b]))
-            done |= nxt == m.eos
-            if bool(done.all()) or step == max_new_tokens - 1:
+                    gen[b].append(t)
+                    done[b] = t == m.eos
+            if all(done) or step == max_new_tokens - 1:
                 break
             s = P + step
             allowed = valid[:, None, None, :s + 1]
