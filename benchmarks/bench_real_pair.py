@@ -4,9 +4,11 @@ The workload the forced-token drafting is judged on: SmolLM2-135M-Instruct with 
 draft (``scripts/build_real_model.sh``) on the real CPU engine, overlap on, plugin on, greedy, the held-apart prompts
 (``sglang_eo_dev.real_model.prompts.held_apart_requests``: prompts the draft never saw in training), sent as one batch
 twice per round: with each prompt's JSON schema ("json") and without a grammar ("free"). Per EAGLE3 tree (topk 1: 3
-steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) two engines run one after the other: grammar-forced drafts on
-(modes "json" and "free") and off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``; mode "json, no forced"). Per
-tree and mode it reports, summed over the requests of all rounds:
+steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) one engine per grammar-aware drafting variant runs, one after
+the other (:data:`VARIANTS`): forced drafts keyed also by the bonus token (the default; modes "json" and "free"), the
+accepted node's own forced text only (``SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS=0``), and forced drafts off
+(``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``). Per tree, variant and mode it reports, summed over the requests of all
+rounds, and per schema family (tool-call arguments, extraction, the rest):
 
 * accept length = output tokens / verify steps (SGLang's ``spec_verify_ct``);
 * verify steps per output token (its inverse: what forced drafts must lower for "json" below "free");
@@ -39,13 +41,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "dev"))
 
+from sglang_eagle_overlap.settings import DEFAULT_FORCED_BONUS_KEYS  # noqa: E402
+
 MODES = ("json", "free")
-ROWS = (("on", "json"), ("off", "json"), ("on", "free"))
+# variant -> (forced drafts, bonus keys): the grammar-aware drafting variants compared, one engine each
+VARIANTS = {"keyed": (True, DEFAULT_FORCED_BONUS_KEYS), "top path": (True, 0), "off": (False, 0)}
+ROWS = (("keyed", "json"), ("top path", "json"), ("off", "json"), ("keyed", "free"))
+# schema family of the held-apart prompts -> the name the tables give it
+FAMILIES = {"weather_args": "tool-call", "person": "extraction"}
 
 
 # The plugin's forced-draft counters (stats file): replaced drafts, of those different from the draft model's own
 # proposal, accepted, accepted of the different ones (what the replacement itself won), nodes with a continuation.
-FORCED_KEYS = ("forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted", "forced_nodes")
+FORCED_KEYS = ("forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted", "forced_nodes",
+               "forced_keyed_nodes")
 
 
 def _plugin_stats(path: Path) -> Dict[str, Any]:
@@ -55,10 +64,10 @@ def _plugin_stats(path: Path) -> Dict[str, Any]:
     return dict.fromkeys(("steps", *FORCED_KEYS, "advance_s", "tree_wait_s", "mask_s", "sched_s"), 0)
 
 
-def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_dir: Path,
+def run_tree(spec: str, rounds: int, max_new_tokens: int, variant: str, stats_dir: Path,
              draft: Optional[str] = None, algorithm: str = "EAGLE3") -> Dict[str, Any]:
     """One engine for ``spec``: a warm-up batch per mode, then ``rounds`` measured batches per mode, alternating.
-    ``forced``: grammar-forced drafts on (both modes) or off (the "json" mode only)."""
+    ``variant`` (:data:`VARIANTS`): "keyed" runs both modes, the others the "json" mode only."""
     import os
 
     from transformers import AutoTokenizer
@@ -67,6 +76,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
     from sglang_eo_dev.real_model.evaluate import chat_prompt, parses_json
     from sglang_eo_dev.real_model.prompts import held_apart_requests
 
+    forced, keys = VARIANTS[variant]
     extra = (("speculative_draft_model_path", draft),) if draft else ()
     cfg = EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=True,  # type: ignore[arg-type]
                        algorithm=algorithm, extra=extra, forced_drafts=forced)  # type: ignore[arg-type]
@@ -75,11 +85,13 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
     prompts = [chat_prompt(tok, r) for r in reqs]
     base = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
     params = {"json": [dict(base, json_schema=r.schema_json()) for r in reqs], "free": [dict(base) for _ in reqs]}
-    modes = MODES if forced else ("json",)
+    modes = MODES if variant == "keyed" else ("json",)
     acc: Dict[str, Dict[str, Any]] = {m: {"tokens": 0, "verify_steps": 0, "wall_s": 0.0, "longest_verify": 0,
-                                          "parses": 0, "answers": 0, "finished": 0} for m in modes}
-    stats = stats_dir / f"plugin-{algorithm}-{spec}-{'on' if forced else 'off'}.json"
+                                          "parses": 0, "answers": 0, "finished": 0,
+                                          "families": {}} for m in modes}
+    stats = stats_dir / f"plugin-{algorithm}-{spec}-{variant.replace(' ', '_')}.json"
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = str(stats)
+    os.environ["SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS"] = str(keys)
     t0 = time.monotonic()
     engine = start_engine(cfg)
     start_s = time.monotonic() - t0
@@ -101,11 +113,16 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
                 a["parses"] += sum(parses_json(o["text"]) for o in outs)
                 a["finished"] += sum((o["meta_info"].get("finish_reason") or {}).get("type") == "stop" for o in outs)
                 a["answers"] += len(outs)
+                for r, o, v in zip(reqs, outs, verify):
+                    fam = a["families"].setdefault(FAMILIES.get(r.schema or "", "other"), [0, 0])
+                    fam[0] += int(o["meta_info"]["completion_tokens"])
+                    fam[1] += v
                 texts.setdefault(mode, []).extend(o["text"] for o in outs)
         after = _plugin_stats(stats)
     finally:
         engine.shutdown()
         os.environ.pop("SGLANG_EAGLE_OVERLAP_STATS_FILE", None)
+        os.environ.pop("SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS", None)
     steps = after["steps"] - before["steps"]
     plugin = {k: after[k] - before[k] for k in FORCED_KEYS}
     plugin.update({k + "_ms": 1e3 * (after[k] - before[k]) / steps if steps else None
@@ -115,7 +132,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, forced: bool, stats_di
         a["accept_length"] = a["tokens"] / a["verify_steps"] if a["verify_steps"] else None
         a["verify_per_token"] = a["verify_steps"] / a["tokens"] if a["tokens"] else None
         a["ms_per_verify_step"] = 1e3 * a["wall_s"] / a["longest_verify"] if a["longest_verify"] else None
-    return {"spec": spec, "algorithm": algorithm, "forced": forced, "start_s": start_s, "prompts": len(reqs), "rounds": rounds, "modes": acc,
+    return {"spec": spec, "algorithm": algorithm, "variant": variant, "forced": forced, "start_s": start_s, "prompts": len(reqs), "rounds": rounds, "modes": acc,
             "plugin": plugin, "texts": texts}
 
 
@@ -134,7 +151,13 @@ def main() -> None:
     ap.add_argument("--draft-epochs", type=int, default=None,
                     help="use the draft trained for this many epochs (built and cached on first use; default: the "
                          "recipe's)")
+    ap.add_argument("--bonus-keys", type=int, default=None,
+                    help="bonus keys of the keyed variant (default: the plugin's default)")
+    ap.add_argument("--variant", action="append", choices=list(VARIANTS),
+                    help="grammar-aware drafting variant(s) (default: all; keyed also runs the free prompts)")
     args = ap.parse_args()
+    if args.bonus_keys is not None:
+        VARIANTS["keyed"] = (True, args.bonus_keys)
     from importlib.metadata import version
 
     import tempfile
@@ -147,8 +170,9 @@ def main() -> None:
         draft = build_all(args.draft, args.draft_epochs)["eagle3"]
     algo = args.algorithm
     specs = ["topk1"] if algo == "NGRAM" else (args.spec or ["topk1", "topk4"])
-    results = [run_tree(s, args.rounds, args.max_new_tokens, forced, stats_dir, draft, algo)
-               for s in specs for forced in ((True,) if algo == "NGRAM" else (True, False))]
+    variants = args.variant or list(VARIANTS)
+    results = [run_tree(s, args.rounds, args.max_new_tokens, variant, stats_dir, draft, algo)
+               for s in specs for variant in (("keyed",) if algo == "NGRAM" else variants)]
     v = version("sglang")
     cmd = "flock /tmp/sglang-engine.lock " + shlex.join([sys.executable.replace(str(ROOT) + "/", ""),
                                                           "benchmarks/bench_real_pair.py", *sys.argv[1:]])
@@ -167,19 +191,28 @@ def main() -> None:
         stem += f"_{args.draft}draft"
     if args.draft_epochs is not None:
         stem += f"_draft{args.draft_epochs}ep"
+    if args.bonus_keys is not None:
+        stem += f"_keys{args.bonus_keys}"
+    if args.variant:
+        stem += "_" + "_".join(v.replace(" ", "") for v in args.variant)
     (args.out / f"{stem}.json").write_text(json.dumps({"command": cmd, "env": env, "results": results}, indent=1))
     lines = [f"# Real pair: accept length and verify steps per output token, SGLang {v}", "",
              f"Command: `{cmd}`", "", env + ". SmolLM2-135M-Instruct + its draft, held-apart "
-             "prompts as one batch, each round once with its JSON schema and once free; forced drafts on and off "
-             "in two engines per tree. Sums over all measured rounds. Forced drafts and grammar ms per step: the "
-             "plugin's counters over the measured rounds of that engine (both modes).", "",
+             "prompts as one batch, each round once with its JSON schema and once free; one engine per tree and "
+             "grammar-aware drafting variant: forced drafts keyed also by the bonus token (keyed), the accepted "
+             "node's own forced text on the top path only (top path), none (off). Sums over all measured rounds. "
+             "Forced drafts and grammar ms per step: the plugin's counters over the measured rounds of that engine "
+             "(both modes).", "",
              f"| {algo} | forced drafts | mode | answers | finished | parse as JSON | output tokens | verify steps | "
              "accept length | verify steps / token | ms per verify step (CPU) | forced proposed / changed / accepted / "
              "changed and accepted | "
              "grammar ms per step (sched) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     same: List[str] = []
+    fam_lines = ["", "Verify steps per output token by schema family (tool-call: the get_weather arguments; "
+                 "extraction: the person record; other: the rest), change against off:", "",
+                 "| tree | family | free | off | top path | keyed |", "|---|---|---|---|---|---|"]
     for spec in dict.fromkeys(r["spec"] for r in results):
-        by = {("on" if r["forced"] else "off"): r for r in results if r["spec"] == spec}
+        by = {r["variant"]: r for r in results if r["spec"] == spec}
         for onoff, mode in ROWS:
             if onoff not in by:
                 continue
@@ -195,13 +228,29 @@ def main() -> None:
                          f"({p['sched_s_ms'] or 0:.2f}) |")
         if "off" not in by:
             continue
-        on, off = by["on"]["modes"]["json"], by["off"]["modes"]["json"]
-        same.append(f"{spec}: json answers with forced drafts on and off "
-                    f"{'identical' if by['on']['texts']['json'] == by['off']['texts']['json'] else 'DIFFER'}; "
-                    f"verify steps per token {off['verify_per_token']:.3f} -> {on['verify_per_token']:.3f} "
-                    f"({100 * (on['verify_per_token'] / off['verify_per_token'] - 1):+.1f} %), free "
-                    f"{by['on']['modes']['free']['verify_per_token']:.3f}")
-    lines += [""] + [f"- {x}" for x in same]
+        off = by["off"]["modes"]["json"]
+        for variant in ("top path", "keyed"):
+            if variant not in by:
+                continue
+            on = by[variant]["modes"]["json"]
+            same.append(f"{spec}, {variant}: json answers against forced drafts off "
+                        f"{'identical' if by[variant]['texts']['json'] == by['off']['texts']['json'] else 'DIFFER'}; "
+                        f"verify steps per token {off['verify_per_token']:.3f} -> {on['verify_per_token']:.3f} "
+                        f"({100 * (on['verify_per_token'] / off['verify_per_token'] - 1):+.1f} %)"
+                        + (f", free {by[variant]['modes']['free']['verify_per_token']:.3f}"
+                           if "free" in by[variant]["modes"] else ""))
+        base = off["families"]
+        free = by["keyed"]["modes"]["free"]["families"] if "keyed" in by else {}
+        for fam in sorted(base):
+            def cell(f: Dict[str, List[int]], ref: bool = False) -> str:
+                if fam not in f or not f[fam][0]:
+                    return "-"
+                x = f[fam][1] / f[fam][0]
+                return f"{x:.3f}" if ref else f"{x:.3f} ({100 * (x / (base[fam][1] / base[fam][0]) - 1):+.1f} %)"
+            fam_lines.append(f"| {spec} | {fam} | {cell(free, True)} | {cell(base, True)} | "
+                             + " | ".join(cell(by[v]["modes"]["json"]["families"]) if v in by else "-"
+                                          for v in ("top path", "keyed")) + " |")
+    lines += [""] + [f"- {x}" for x in same] + fam_lines
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

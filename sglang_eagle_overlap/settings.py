@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Type, Union
 
-__all__ = ["DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH",
+__all__ = ["DEFAULT_FORCED_BONUS_KEYS", "DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH",
            "DEFAULT_LOG_INTERVAL_S", "DEFAULT_MASK_TIME_LIMIT_MS", "DEFAULT_MASK_UPLOAD_STREAM",
            "DEFAULT_MAX_LENGTH_PATTERN", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "MAX_LENGTH_PATTERN_BOUNDS",
            "SWITCH_DOCS", "Settings", "SettingsError", "SwitchDoc", "default_mask_threads", "markdown_table"]
@@ -30,17 +30,21 @@ ENV = {
     "grammar_thread_min_batch": "SGLANG_EAGLE_OVERLAP_GRAMMAR_THREAD_MIN_BATCH",
     "mask_upload_stream": "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
+    "forced_bonus_keys": "SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS",
     "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
     "max_length_pattern": "SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN",
 }
-# Grammar-forced drafts: ``None`` is "auto", on where the draft model does not know the output's structure
-# (STANDALONE: a generic small model drafts) and off for drafts trained on the target's outputs (EAGLE, EAGLE3, NEXTN).
-# Measured on the real pair (benchmarks/bench_real_pair.py, docs/benchmarks.md): verify steps per output
-# token -13.3 % with the untrained STANDALONE draft, +0.0 % with the trained EAGLE3 draft (it already proposes 41 of
-# 45 forced tokens); recording the continuations is ~20 % of the scheduler thread's grammar time per step at bs 64
-# (0.4-0.5 ms on the project's CPU host, BENCH_SCHEMA, docs/benchmarks.md).
-FORCED_DRAFTS_AUTO_ALGORITHMS = frozenset({"STANDALONE"})
+# Grammar-forced drafts: ``None`` is "auto", on for every algorithm whose trees the plugin's verify step owns (EAGLE,
+# EAGLE3 -- NEXTN resolves to EAGLE -- and STANDALONE; NGRAM's grammar batches are SGLang's own). Measured on the real
+# pair (benchmarks/bench_real_pair.py, docs/benchmarks.md, CPU, 2026-11-29): with a chat-trained EAGLE3 draft -- the
+# kind users have -- forced drafts keyed by the bonus token need 16.5 % (topk 1) / 13.6 % (topk 4) fewer verify steps
+# per output token on JSON-schema prompts, 25.0 % / 19.3 % on tool-call arguments; with a draft trained on the
+# target's JSON answers the replaced tokens are mostly its own guess (-0.7 % / +0.4 %, top path only); with the
+# untrained STANDALONE draft -13.3 %. The host side (each filled node's forced text asked in the native walk on the
+# grammar thread, tokenized on the scheduler thread) added 0.31 / 0.37 ms of scheduler-thread time per step (bs 12).
+FORCED_DRAFTS_AUTO_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 DEFAULT_FORCED_DRAFTS: Optional[bool] = None
+DEFAULT_FORCED_BONUS_KEYS = 3
 # The grammar thread is on unless switched off: it keeps the grammar's native work off SGLang's scheduler thread. It
 # takes only the step's one native call (the previous batch's runs fed and the tree walked, GIL-free, started before the
 # verify launch); the scheduler thread keeps the Python (the ledger's checks before the launch, the records after the
@@ -136,7 +140,13 @@ SWITCH_DOCS: Mapping[str, SwitchDoc] = {
     "forced_drafts": SwitchDoc(
         "`1`: the grammar's forced continuation after the accepted node replaces the next step's top-path drafts "
         "(verified like any draft: same output); `0`: drafts are the draft model's only; unset: auto, on for "
-        f"{', '.join(sorted(FORCED_DRAFTS_AUTO_ALGORITHMS))} only", "auto"),
+        f"{', '.join(sorted(FORCED_DRAFTS_AUTO_ALGORITHMS))} (NEXTN runs as EAGLE), off for the others (NGRAM)",
+        "auto"),
+    "forced_bonus_keys": SwitchDoc(
+        "with forced drafts on: where the accepted node forces nothing itself, this many tokens (those that most "
+        "often began forced text so far, e.g. a closing quote) are tried there, and the text the grammar forces "
+        "after the one the target writes next becomes the next step's drafts; `0`: the node's own forced text only",
+        str(DEFAULT_FORCED_BONUS_KEYS)),
     "native": SwitchDoc(
         "`1`: the batch's xgrammar calls go through the plugin's native module, built on first use with the host's "
         "C++ compiler, and a failed build is an error; `0`: Python only; unset: auto, native when it builds (a "
@@ -194,6 +204,7 @@ class Settings:
     grammar_thread_min_batch: int = DEFAULT_GRAMMAR_THREAD_MIN_BATCH
     mask_upload_stream: bool = DEFAULT_MASK_UPLOAD_STREAM
     forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
+    forced_bonus_keys: int = DEFAULT_FORCED_BONUS_KEYS
     native: Optional[bool] = None  # None: auto (native when it builds), True: required, False: Python only
     max_length_pattern: bool = DEFAULT_MAX_LENGTH_PATTERN
 
@@ -241,6 +252,9 @@ class Settings:
                      else _number(ENV["grammar_thread_min_batch"], min_batch_raw, int, 1))
         mask_upload_stream = flag("mask_upload_stream", DEFAULT_MASK_UPLOAD_STREAM)
         forced_drafts = optional_flag("forced_drafts")
+        keys_raw = get("forced_bonus_keys")
+        bonus_keys = (DEFAULT_FORCED_BONUS_KEYS if not keys_raw
+                      else _number(ENV["forced_bonus_keys"], keys_raw, int, 0))
         native = optional_flag("native")
         max_length_pattern = flag("max_length_pattern", DEFAULT_MAX_LENGTH_PATTERN)
         interval_raw = get("log_interval_s")
@@ -257,6 +271,7 @@ class Settings:
             grammar_thread_min_batch=int(min_batch),
             mask_upload_stream=mask_upload_stream,
             forced_drafts=forced_drafts,
+            forced_bonus_keys=int(bonus_keys),
             native=native,
             max_length_pattern=max_length_pattern,
         )

@@ -246,12 +246,13 @@ def test_the_runtime_has_forced_drafts_exactly_when_switched_on():
 
 
 @pytest.mark.parametrize("switch,algorithm,want", [
-    (None, "STANDALONE", True), (None, "EAGLE3", False), (None, "EAGLE", False), (None, "", False),
-    (True, "EAGLE3", True), (False, "STANDALONE", False),
+    (None, "STANDALONE", True), (None, "EAGLE3", True), (None, "EAGLE", True), (None, "NGRAM", False),
+    (None, "", False), (True, "NGRAM", True), (False, "EAGLE3", False),
 ])
 def test_forced_drafts_auto_decide_at_the_first_verify_by_algorithm(switch, algorithm, want):
-    """Unset ("auto"): on for STANDALONE only, decided once at the first verify (before its grammar job records
-    anything) and kept; a set switch wins over the algorithm."""
+    """Unset ("auto"): on for the algorithms whose verify trees the plugin owns (EAGLE, EAGLE3, STANDALONE), decided
+    once at the first verify (before its grammar job records anything) and kept; a set switch wins over the
+    algorithm."""
     from types import SimpleNamespace
 
     from sglang_eagle_overlap.integration import drafts, runtime
@@ -265,7 +266,7 @@ def test_forced_drafts_auto_decide_at_the_first_verify_by_algorithm(switch, algo
         drafts.before_verify(rt, batch, None, owned=False)  # a verify without the plugin's mask still decides
         assert (rt.step.forced is not None) is want
         assert rt.step.telemetry.snapshot()["forced_drafts"] is want
-        other = SimpleNamespace(spec_algorithm=SimpleNamespace(name="STANDALONE"), reqs=[])
+        other = SimpleNamespace(spec_algorithm=SimpleNamespace(name="NGRAM" if want else "EAGLE3"), reqs=[])
         drafts.before_verify(rt, other, None, owned=False)  # decided once: a later batch changes nothing
         assert (rt.step.forced is not None) is want
     finally:

@@ -10,11 +10,17 @@ of what the draft model proposed, before the target verify reads them -- except 
 draft model's token spells a prefix of the forced text in other tokens (a draft trained on the target's outputs has
 learned how the target tokenizes the forced text; replacing its token there would cut a path the target accepts).
 
+Where the accepted node forces nothing itself -- inside a string value -- the text forced next depends on the token
+the target writes there, step N+1's root: after a value's closing quote comes the next key. So each such node also
+gets, for a few learned bonus keys (tokens that began forced text as roots before, most frequent first) that its
+grammar allows, the text forced after the key (``accept_token``, ask, ``rollback(1)`` on the node's matcher), and
+step N+1 takes the slot whose first token is its root (:class:`ForcedDrafts`).
+
 Call order per verify step (one process, the host's scheduler thread unless noted)::
 
     forced.admit(matcher, compiled_grammar)   # per request, before its first build (a lookup once decided)
     forced.apply(draft_token, next_token, rids, draft_probs_used)   # step N+1, before the verify prepares its input
-    ... tree copy, grammar job: forced.record(matcher, row) per valid node (the grammar thread, during the mask) ...
+    ... tree copy, grammar job: forced.begin(rows, n, roots), then forced.record(matcher, row) per valid node ...
     forced.upload(device)                                            # with the mask, after the join
     forced.after_verify(accept_index, rids)                          # right after the host's verify sampling
 
@@ -51,7 +57,7 @@ import numpy as np
 import torch
 
 from sglang_eagle_overlap.core import tree_copy
-from sglang_eagle_overlap.core.protocols import JumpForward
+from sglang_eagle_overlap.core.protocols import ForcingMatcher, JumpForward
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -67,6 +73,8 @@ _CACHE_MAX = 8192
 ALTERNATIVES = 4  # other tokenizations kept per forced position (the table's last axis holds 1 + this many ids)
 _ALT_CHARS = 16  # longest prefix of the forced text looked up as one token
 _COUNT_COPIES = 4  # counter copies to the host in flight at most; past that the oldest (long done) is waited for
+BONUS_KEYS = 3  # bonus tokens tried per node whose own continuation is empty (the table's slots 1..this)
+_KEYS_MAX = 256  # bonus-key candidates counted at most; past that the rarest half is forgotten
 
 
 # What may follow a forced string: a letter, a digit, a space, a quote, a bracket. A token of ``encode(s)`` that
@@ -98,11 +106,13 @@ def stable_tokens(encode: Encoder, s: str, encode_batch: Optional[BatchEncoder] 
 
 def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence[int],
                         limit: int = ALTERNATIVES,
-                        encode_batch: Optional[BatchEncoder] = None) -> Tuple[Tuple[int, ...], ...]:
+                        encode_batch: Optional[BatchEncoder] = None,
+                        first: bool = False) -> Tuple[Tuple[int, ...], ...]:
     """Per forced token ``toks[i]`` of the text ``s``: up to ``limit`` other single tokens whose text is a prefix of
-    ``s`` from token ``i``'s offset on (the same characters, tokenized otherwise), shortest first; position 0 (the
-    root check) gets none. Stops where ``decode`` of a token does not spell ``s`` (positions past it get none).
-    Every prefix looked up is tokenized in one ``encode_batch`` call when given."""
+    ``s`` from token ``i``'s offset on (the same characters, tokenized otherwise), shortest first; position 0 gets
+    none (it is the root check) unless ``first`` (``s`` follows a bonus token, so its first token is a draft too).
+    Stops where ``decode`` of a token does not spell ``s`` (positions past it get none). Every prefix looked up is
+    tokenized in one ``encode_batch`` call when given."""
     offsets: List[int] = []  # where each position's text starts in ``s``, up to the first token that does not spell it
     off = 0
     for t in toks:
@@ -111,10 +121,12 @@ def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence
         if not piece or not s.startswith(piece, off):
             break
         off += len(piece)
-    prefixes = list(dict.fromkeys(s[o : o + n] for o in offsets[1:] for n in range(1, min(len(s) - o, _ALT_CHARS) + 1)))
+    skip = 0 if first else 1
+    prefixes = list(dict.fromkeys(s[o : o + n] for o in offsets[skip:]
+                                  for n in range(1, min(len(s) - o, _ALT_CHARS) + 1)))
     ids_of = dict(zip(prefixes, _encoder_many(encode, encode_batch)(prefixes))) if prefixes else {}
-    out: List[Tuple[int, ...]] = [()]
-    for o, t in zip(offsets[1:], toks[1:]):
+    out: List[Tuple[int, ...]] = [()] * skip
+    for o, t in zip(offsets[skip:], toks[skip:]):
         found: List[int] = []
         for n in range(1, min(len(s) - o, _ALT_CHARS) + 1):
             ids = ids_of[s[o : o + n]]
@@ -292,22 +304,43 @@ class _IdMap:
 class ForcedDrafts:
     """Per-process forced-draft state: the encoder and its cache, this step's host table, the previous step's picked
     rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node). The table is
-    ``[rows, width, 1 + ALTERNATIVES]``: at ``[..., 0]`` the forced tokens, after them each position's
-    :func:`prefix_alternatives` (-1 padded; none without ``decode``)."""
+    ``[rows, 1 + bonus_keys, width, 1 + ALTERNATIVES]``: per node, slot 0 holds the node's own forced continuation
+    and slots 1.. the continuations keyed by a bonus token (below); in each, at ``[..., 0]`` the tokens (the first is
+    the one the next step's root must equal), after them each position's :func:`prefix_alternatives` (-1 padded;
+    none without ``decode``).
 
-    def __init__(self, width: int = 8, require_admission: bool = False) -> None:
+    Bonus keys: where a node's own continuation is empty (inside a string value, say), what the grammar forces next
+    depends on the token the target writes there, the next step's root -- after a value's closing quote, the next
+    key. For up to ``bonus_keys`` tokens the grammar allows at that node, the slot holds ``[token, its forced
+    continuation...]``; the next step picks the slot whose first token is its root. The tokens tried are those that
+    most often began a forced continuation as a root so far (a count per token, learned from the builds' roots:
+    ``'",'`` and ``'"'`` in JSON), so the set adapts to the grammars served without naming any. ``bonus_keys=0``:
+    slot 0 only."""
+
+    def __init__(self, width: int = 8, require_admission: bool = False, bonus_keys: int = BONUS_KEYS) -> None:
         if width < 2:
             raise ValueError(f"forced-draft width must be >= 2 (the root check and one draft), got {width}")
+        if bonus_keys < 0:
+            raise ValueError(f"forced-draft bonus keys must be >= 0, got {bonus_keys}")
         self.width = width
+        self.bonus_keys = bonus_keys
         self.encode: Optional[Encoder] = None
         self.decode: Optional[Decoder] = None
         # optional: ``encode`` for many strings in one call (a forced string seen first costs two calls, not ~20)
         self.encode_batch: Optional[BatchEncoder] = None
-        self._cache: Dict[str, Tuple[Tuple[int, ...], npt.NDArray[np.int32]]] = {}
-        self._host: Optional[npt.NDArray[np.int32]] = None  # [rows, width, 1 + ALTERNATIVES] of the build in progress
+        # forced string -> (tokens, table rows); keyed (string, True) for a continuation after a bonus token, whose
+        # first token gets alternatives too
+        self._cache: Dict[Tuple[str, bool], Tuple[Tuple[int, ...], npt.NDArray[np.int32]]] = {}
+        # [rows, 1 + bonus_keys, width, 1 + ALTERNATIVES] of the build in progress
+        self._host: Optional[npt.NDArray[np.int32]] = None
         self._rows = 0
+        self._n = 0  # this build's nodes per request (row // n is the request, row % n == 0 its root)
+        self._roots: Sequence[int] = ()  # this build's root tokens, one per request
+        self._keys: Tuple[int, ...] = ()  # this build's bonus tokens to try, most frequent first
+        self._key_counts: Dict[int, int] = {}  # root token -> builds where it began a forced continuation
         self._table: Optional[torch.Tensor] = None  # this step's table on the device, until after_verify
-        self._picked: Optional[Tuple[Tuple[str, ...], torch.Tensor, int]] = None  # (rids, [bs, width, 1+A], depth)
+        # (rids, [bs, 1 + bonus_keys, width, 1 + A], depth)
+        self._picked: Optional[Tuple[Tuple[str, ...], torch.Tensor, int]] = None
         # [2, bs * n] bool, until after_verify: the nodes apply() replaced, and of those the ones it changed
         self._written: Optional[torch.Tensor] = None
         # device int64 [4]: proposed, changed, accepted, changed_accepted
@@ -318,6 +351,7 @@ class ForcedDrafts:
         # the stream API of a device (tree_copy.device_streams; tests pass a stand-in): None for the CPU
         self.streams: Callable[[torch.device], Any] = tree_copy.device_streams
         self.recorded_nodes = 0  # host: nodes with a non-empty continuation since start
+        self.recorded_keyed = 0  # host: nodes with an empty one but a continuation after some bonus key
         # matcher -> whether its grammar's forced text always ends (forcing_is_bounded), set by admit(); a matcher
         # marked False is never asked for its forced text, nor an unmarked one while require_admission is set
         # (xgrammar's objects are not hashable: keyed by id, each entry dropped when its object is freed)
@@ -391,44 +425,137 @@ class ForcedDrafts:
         entry = self._entry(matcher)
         return entry[0] if entry is not None else ()
 
+    def may_ask(self, matcher: JumpForward) -> bool:
+        """Whether ``matcher``'s forced text may be asked for: an encoder is set and its grammar was admitted (or
+        admission is not required and it was not refused)."""
+        if self.encode is None:
+            return False
+        ok = self._bounded.get(matcher)
+        return not (ok is False or (ok is None and self.require_admission))
+
     def _entry(self, matcher: JumpForward) -> Optional[Tuple[Tuple[int, ...], npt.NDArray[np.int32]]]:
         """(continuation, its table rows ``[len, 1 + ALTERNATIVES]``), cached per forced string; None if empty."""
-        if self.encode is None:
+        if not self.may_ask(matcher):  # its forced text may never end: not asked
             return None
-        ok = self._bounded.get(matcher)
-        if ok is False or (ok is None and self.require_admission):  # its forced text may never end: not asked
-            return None
-        s = matcher.find_jump_forward_string()
+        return self._tokens_of(matcher.find_jump_forward_string(), False, self.width)
+
+    def _tokens_of(self, s: str, first: bool,
+                   limit: int) -> Optional[Tuple[Tuple[int, ...], npt.NDArray[np.int32]]]:
+        """The stable tokens of the forced string ``s`` (at most ``limit``) and their table rows, cached per string;
+        ``first``: ``s`` follows a bonus token (its first token gets alternatives). None if there are none."""
         if not s:
             return None
-        entry = self._cache.get(s)
+        entry = self._cache.get((s, first))
         if entry is None:
-            toks = stable_tokens(self.encode, s, self.encode_batch)[: self.width]
+            assert self.encode is not None
+            toks = stable_tokens(self.encode, s, self.encode_batch)[:limit]
             rows = np.full((len(toks), 1 + ALTERNATIVES), -1, dtype=np.int32)
             rows[:, 0] = toks
             if self.decode is not None and toks:
                 for i, alts in enumerate(prefix_alternatives(self.encode, self.decode, s, toks,
-                                                             encode_batch=self.encode_batch)):
+                                                             encode_batch=self.encode_batch, first=first)):
                     rows[i, 1 : 1 + len(alts)] = alts
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
-            entry = self._cache[s] = (toks, rows)
+            entry = self._cache[(s, first)] = (toks, rows)
         return entry if entry[0] else None
 
-    def begin(self, rows: int) -> None:
-        """A new build of ``rows`` tree nodes (``bs * n``): every row starts empty (-1)."""
+    def _learn_key(self, token: int) -> None:
+        """A root ``token`` began a forced continuation: count it as a bonus-key candidate (bounded: past
+        ``_KEYS_MAX`` tokens the rarer half is forgotten and the rest halved, so the set follows the traffic)."""
+        counts = self._key_counts
+        counts[token] = counts.get(token, 0) + 1
+        if len(counts) > _KEYS_MAX:
+            keep = sorted(counts.items(), key=lambda kv: -kv[1])[: _KEYS_MAX // 2]
+            self._key_counts = {t: max(1, c // 2) for t, c in keep}
+
+    @property
+    def keys(self) -> Tuple[int, ...]:
+        """This build's bonus keys (set by :meth:`begin`), most frequent first."""
+        return self._keys
+
+    def begin(self, rows: int, n: int = 0, roots: Sequence[int] = ()) -> None:
+        """A new build of ``rows`` tree nodes (``bs * n``): every row starts empty (-1). ``roots``: each request's
+        root token (the bonus keys are learned from the roots whose continuation is not empty; without them, or
+        without ``n``, nothing is learned this build)."""
         host = self._host
         if host is None or host.shape[0] < rows:
-            host = self._host = np.empty((max(rows, 64), self.width, 1 + ALTERNATIVES), dtype=np.int32)
+            host = self._host = np.empty((max(rows, 64), 1 + self.bonus_keys, self.width, 1 + ALTERNATIVES),
+                                         dtype=np.int32)
         host[:rows] = -1
         self._rows = rows
+        self._n = n
+        self._roots = roots
+        counts = self._key_counts
+        self._keys = tuple(sorted(counts, key=lambda t: (-counts[t], t))[: self.bonus_keys])
 
-    def record(self, matcher: JumpForward, row: int) -> None:
-        """The matcher is in the state after node ``row``'s path (a valid, not terminated node)."""
-        entry = self._entry(matcher)
-        if entry is not None and self._host is not None and row < self._rows:
-            self._host[row, : len(entry[0])] = entry[1]
-            self.recorded_nodes += 1
+    def record(self, matcher: ForcingMatcher, row: int) -> None:
+        """The matcher is in the state after node ``row``'s path (a valid, not terminated node); it is left there.
+        Writes the node's own continuation, or, where that is empty, the continuation after each bonus key the
+        grammar allows there (``accept_token`` then ``rollback(1)``)."""
+        if self._host is None or row >= self._rows or not self.may_ask(matcher):
+            return
+        own = matcher.find_jump_forward_string()
+        if own:
+            self._write(row, own, ())
+            return
+        keyed: List[Tuple[int, str]] = []
+        for key in self._keys:
+            if not matcher.accept_token(key):
+                continue
+            try:
+                after = matcher.find_jump_forward_string()
+            finally:
+                matcher.rollback(1)
+            if after:
+                keyed.append((key, after))
+        self._write(row, "", keyed)
+
+    def record_found(self, found: Sequence[Tuple[int, int, str]], roots: Sequence[int]) -> None:
+        """What the native walk found for this build (``StepResult.forced``: ``(row, key, text)``, ``key`` -1 for a
+        node's own text, a row's keyed texts in key order, as :meth:`record` would ask for them), written as
+        :meth:`record` writes; ``roots``: each request's root token (for the bonus keys' counts)."""
+        self._roots = roots
+        i, k = 0, len(found)
+        while i < k:
+            row, key, text = found[i]
+            if key < 0:
+                self._write(row, text, ())
+                i += 1
+                continue
+            j = i
+            while j < k and found[j][0] == row and found[j][1] >= 0:
+                j += 1
+            self._write(row, "", [(f[1], f[2]) for f in found[i:j]])
+            i = j
+
+    def _write(self, row: int, own: str, keyed: Sequence[Tuple[int, str]]) -> None:
+        """Row ``row`` of this build: its own forced text ``own`` in slot 0, or (``own`` empty) each bonus key's
+        text in the next slot, in order, where it tokenizes to something. A root with its own text counts as a bonus
+        key."""
+        host = self._host
+        if host is None or row >= self._rows:
+            return
+        if own:
+            entry = self._tokens_of(own, False, self.width)
+            if entry is not None:
+                host[row, 0, : len(entry[0])] = entry[1]
+                self.recorded_nodes += 1
+                n = self._n
+                if n and row % n == 0 and row // n < len(self._roots):
+                    self._learn_key(int(self._roots[row // n]))
+            return
+        slot = 1
+        for key, text in keyed:
+            if slot > self.bonus_keys:
+                break
+            entry = self._tokens_of(text, True, self.width - 1)
+            if entry is not None:
+                host[row, slot, 0, 0] = key
+                host[row, slot, 1 : 1 + len(entry[0])] = entry[1]
+                slot += 1
+        if slot > 1:
+            self.recorded_keyed += 1
 
     def record_tokens(self, tokens: Sequence[int], row: int) -> None:
         """Node ``row``'s forced continuation as the grammar itself gives it in tokens (llguidance's fast-forward
@@ -437,7 +564,7 @@ class ForcedDrafts:
         (llguidance bounds its own search)."""
         if tokens and self._host is not None and row < self._rows:
             k = min(len(tokens), self.width)
-            self._host[row, :k, 0] = tokens[:k]
+            self._host[row, 0, :k, 0] = tokens[:k]
             self.recorded_nodes += 1
 
     def clear_rows(self, start: int, stop: int) -> None:
@@ -500,7 +627,8 @@ class ForcedDrafts:
     def apply(self, draft_token: torch.Tensor, next_token: torch.Tensor, rids: Sequence[str],
               draft_probs_used: bool = False, chain: bool = False) -> None:
         """Step N+1, before the target verify reads its input: replace the top path's drafts with the forced tokens
-        of step N's accepted node, where the tree's root equals the first forced token. ``draft_token`` is the
+        of step N's accepted node, where the tree's root equals the first forced token (of the node's own
+        continuation or of a bonus-keyed one: the first slot whose first token is the root). ``draft_token`` is the
         verify input's device tensor (flat ``[bs * n]`` or ``[bs, n]``), ``next_token`` its ``[bs, n]`` first-child
         links. ``chain``: the tree is a chain (topk 1: node ``d`` is at depth ``d``), so the top path needs no pointer
         chase. The replacement is a contiguous prefix of the top path; it ends at the first position without a forced
@@ -519,17 +647,21 @@ class ForcedDrafts:
             return
         dev = draft_token.device
         if tuple(rids) == prev_rids:  # steady decoding: the same batch in the same order
-            forced = rows
+            slots = rows
         else:
             where = {rid: i for i, rid in enumerate(prev_rids)}
             row_map: List[int] = [where.get(rid, -1) for rid in rids]
             if all(i < 0 for i in row_map):
                 return
             idx = tree_copy.host_to_device(torch.tensor(row_map, dtype=torch.long), dev)
-            forced = torch.where((idx >= 0).view(-1, 1, 1), rows.index_select(0, idx.clamp(min=0)), -1)
+            slots = torch.where((idx >= 0).view(-1, 1, 1, 1), rows.index_select(0, idx.clamp(min=0)), -1)
         flat = draft_token.view(-1)
+        root = flat.view(bs, n)[:, :1]
+        # the slot whose first token is the root (argmax: the first match; none matches -> slot 0, checked below)
+        pick = (slots[:, :, 0, 0] == root.to(slots.dtype)).to(torch.int8).argmax(dim=1)
+        forced = slots.gather(1, pick.view(bs, 1, 1, 1).expand(bs, 1, *slots.shape[2:])).squeeze(1)
         toks = forced[:, 1 : levels + 1, 0].to(flat.dtype)
-        ok = (forced[:, :1, 0] == flat.view(bs, n)[:, :1]) & (toks >= 0)
+        ok = (forced[:, :1, 0] == root) & (toks >= 0)
         if chain:
             pos = self._positions(bs, n, levels, dev)
         else:

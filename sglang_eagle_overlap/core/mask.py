@@ -168,7 +168,9 @@ class BuildPlan:
     """One build between :meth:`TreeMaskBuilder.prepare` and :meth:`TreeMaskBuilder.finish` (the native walk may run
     on another thread in between: it reads only this). ``mask`` None: no row is constrained. ``native`` / ``generic``:
     batch rows of plain xgrammar matchers / of host grammars; ``handles`` (the native rows' matchers) is set when the
-    native walk applies; ``feed_input`` holds a ledger plan's waiting runs packed for the same native call."""
+    native walk applies; ``feed_input`` holds a ledger plan's waiting runs packed for the same native call;
+    ``forced_ok`` (with ``forced`` and the native walk): per native row, whether its matcher may be asked for its
+    forced text (the call then records it, and ``forced`` was begun in the preparation)."""
 
     requests: Sequence[MaskRequest]
     n: int
@@ -186,6 +188,7 @@ class BuildPlan:
     threads: int = 1
     feed_input: Optional[Tuple[List[Any], List[int], List[Tuple[Any, Any, int]]]] = None
     native_t0: float = 0.0
+    forced_ok: List[int] = field(default_factory=list)
 
 
 def _tree_nodes(requests: Sequence[MaskRequest], nxt: torch.Tensor, sib: torch.Tensor, draft: torch.Tensor) -> int:
@@ -358,9 +361,10 @@ class TreeMaskBuilder:
         """First part of a build, on the thread that owns the requests and the ledger (the scheduler thread): sort
         the rows (unconstrained, plain xgrammar matchers, host grammars), take the host bitmask buffer, and decide
         whether the native walk applies (``BuildPlan.handles`` set: the native module, the lockstep strategy, no
-        forced-draft recording, the real clock). If it does, ``feeds``' waiting runs are packed for the same native
-        call; if not, they are fed here, before anything else (:meth:`finish` walks in Python). Needs neither the
-        tree nor the previous upload to be done: it writes only rows no upload ever read."""
+        real clock). If it does, ``feeds``' waiting runs are packed for the same native call, and with ``forced`` its
+        table is begun here and the call records the forced texts; if not, they are fed here, before anything else
+        (:meth:`finish` walks in Python). Needs neither the tree nor the previous upload to be done: it writes only
+        rows no upload ever read."""
         t0 = time.perf_counter()
         bs = len(requests)
         plan = BuildPlan(requests=requests, n=n, vocab_size=vocab_size, t0=t0, forced=forced, feeds=feeds,
@@ -382,14 +386,17 @@ class TreeMaskBuilder:
             plan.own_buffer = True
         plan.native, plan.generic = native, generic
         # The native walk (core/native.py): the lockstep walk in one C++ call, for a batch of plain xgrammar matchers
-        # on a host mask, without forced-draft recording and on the real clock (an injected clock is Python's).
-        if (self.native is not None and native and self.strategy == "lockstep" and forced is None
-                and self.clock is time.perf_counter and plan.mask.is_cpu):
+        # on a host mask and on the real clock (an injected clock is Python's).
+        if (self.native is not None and native and self.strategy == "lockstep" and self.clock is time.perf_counter
+                and plan.mask.is_cpu):
             plan.handles = self.native.handles(matchers)
         if plan.handles is None or self.native is None:
             if feeds is not None:
                 feeds.feed()  # the walk is Python's: the runs go first, through the ledger's own native feed
             return plan
+        if forced is not None:
+            forced.begin(bs * n, n)
+            plan.forced_ok = [int(forced.may_ask(m)) for m in matchers]
         threads = self.threads if self.threads > 1 and len(plan.native) >= self.parallel_min_requests else 1
         plan.threads = threads
         if feeds is not None and len(feeds):
@@ -420,9 +427,11 @@ class TreeMaskBuilder:
                              f"[{bs}, {n}]")
         handles, packed, results = plan.feed_input if plan.feed_input is not None else ((), (), ())
         plan.native_t0 = time.perf_counter()
+        forced = plan.forced
         return nat.step_call(handles, packed, results, plan.handles, plan.native, retrieve_next_token,
                              retrieve_next_sibling, draft_tokens, plan.mask, plan.vocab_size, plan.limit,
-                             plan.threads, plan.stale if plan.own_buffer else (), self._buf)
+                             plan.threads, plan.stale if plan.own_buffer else (), self._buf, plan.forced_ok,
+                             forced.keys if forced is not None and plan.forced_ok else ())
 
     def native_result(self, plan: BuildPlan, raw: Any, cpu_s: float) -> StepResult:
         """The result of ``plan``'s native call (``raw``, which cost its thread ``cpu_s`` of CPU time), read on the
@@ -493,11 +502,13 @@ class TreeMaskBuilder:
                                "again one by one", len(failed),
                                "; ".join(e for (kind, _), e in res.errors.items() if kind == "w"))
                 generic = generic + failed
+            if forced is not None and res.forced:  # (failed walks report none)
+                forced.record_found(res.forced, draft_tokens.view(bs, n)[:, 0].tolist())
         elif native:
             lists = _tree_lists(retrieve_next_token, retrieve_next_sibling, draft_tokens)
             self._walk_setup()
             if forced is not None:
-                forced.begin(bs * n)
+                forced.begin(bs * n, n, [t[0] for t in lists[2]])
             deadline = None if limit is None else clock() + limit
             try:
                 valid = self._walk_xgrammar(requests, native, lists, (retrieve_next_token, retrieve_next_sibling,

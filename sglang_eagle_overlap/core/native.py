@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optiona
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NATIVE_SOURCE", "NativeGrammar", "NativeUnavailable", "StepResult", "build_native",
+__all__ = ["NATIVE_SOURCE", "ForcedText", "NativeGrammar", "NativeUnavailable", "StepResult", "build_native",
            "default_cache_dir", "load_native"]
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,8 @@ class NativeGrammar:
                    rows: Sequence[int], nxt: Optional[torch.Tensor], sib: Optional[torch.Tensor],
                    tok: Optional[torch.Tensor], mask: Optional[torch.Tensor], vocab_size: int,
                    budget_s: Optional[float], threads: int = 1, reset: Sequence[int] = (),
-                   buffer: Optional[torch.Tensor] = None) -> StepResult:
+                   buffer: Optional[torch.Tensor] = None, forced_ok: Sequence[int] = (),
+                   forced_keys: Sequence[int] = ()) -> StepResult:
         """A verify step's xgrammar work in one call (``grammar_batch.cc``: ``StepBatch``).
 
         1. Feeds, as ``AcceptLedger``'s native feed: run ``f`` goes to ``feed_handles[f]``'s matcher (runs of one
@@ -183,12 +184,15 @@ class NativeGrammar:
            no time limit.
         3. Every row of ``reset`` (rows of ``buffer``, the whole reusable bitmask whose first rows ``mask`` is) that
            this call did not fill is set back to all-allowed.
+        4. With ``forced_ok`` (one flag per walk request; empty: none), the forced texts of every row filled for a
+           flagged request, as ``ForcedDrafts.record`` asks for them (``forced_keys``: the bonus keys):
+           :attr:`StepResult.forced`. Flag only requests whose grammar was admitted (``ForcedDrafts.may_ask``).
 
         Each matcher is handled by one of ``threads`` threads (the caller's and persistent helpers), all roots before
         any walk; an error stays with its request (:class:`StepResult`). The tree tensors may be None when nothing is
         walked. No torch call is made here: the lists go to C++ as tvm-ffi arrays, the tensors as views."""
         call = self.step_call(feed_handles, feed_packed, sources, walk_handles, rows, nxt, sib, tok, mask, vocab_size,
-                              budget_s, threads, reset, buffer)
+                              budget_s, threads, reset, buffer, forced_ok, forced_keys)
         return self.step_result(call(), len(feed_handles), len(rows))
 
     def step_call(self, feed_handles: Sequence[Any], feed_packed: Sequence[int],
@@ -196,10 +200,12 @@ class NativeGrammar:
                   rows: Sequence[int], nxt: Optional[torch.Tensor], sib: Optional[torch.Tensor],
                   tok: Optional[torch.Tensor], mask: Optional[torch.Tensor], vocab_size: int,
                   budget_s: Optional[float], threads: int = 1, reset: Sequence[int] = (),
-                  buffer: Optional[torch.Tensor] = None) -> Callable[[], Any]:
+                  buffer: Optional[torch.Tensor] = None, forced_ok: Sequence[int] = (),
+                  forced_keys: Sequence[int] = ()) -> Callable[[], Any]:
         """:meth:`step_batch`'s native call with its arguments bound, not yet made: calling it makes the call (GIL-free
         for its whole length, so another thread can make it while this one runs Python) and returns its raw result
-        with the call's error messages (fetched on the calling thread, where the module keeps them), which
+        with the call's error messages and forced texts (fetched on the calling thread, where the module keeps them),
+        which
         :meth:`step_result` reads on any thread. The tensors are read when it is called, not before."""
         if nxt is None or sib is None or tok is None or mask is None:
             if walk_handles:
@@ -214,27 +220,42 @@ class NativeGrammar:
         strides = [src[2] for src in sources]
         bound = functools.partial(self.module.step_batch, feed_handles, feed_packed, ids, lens, strides, walk_handles,
                                   rows, nxt, sib, tok, mask, vocab_size,
-                                  -1.0 if budget_s is None else max(budget_s, 0.0), threads, reset, buffer)
-        fetch_errors = self.module.step_errors
+                                  -1.0 if budget_s is None else max(budget_s, 0.0), threads, reset, buffer,
+                                  forced_ok, forced_keys)
+        fetch_errors, fetch_forced = self.module.step_errors, self.module.step_forced
 
-        def call() -> Tuple[Any, Sequence[str]]:
+        def call() -> Tuple[Any, Sequence[str], Sequence[str]]:
             values = bound()
-            return values, (list(fetch_errors()) if values[2] else ())
+            return (values, list(fetch_errors()) if values[2] else (),
+                    [str(t) for t in fetch_forced()] if values[4] else ())
 
         return call
 
-    def step_result(self, raw: Tuple[Any, Sequence[str]], feeds: int, walks: int) -> StepResult:
-        """:class:`StepResult` of what a :meth:`step_call` callable returned (the raw values and the call's error
-        messages) with ``feeds`` runs and ``walks`` walk requests."""
-        values, messages = raw
+    def step_result(self, raw: Tuple[Any, Sequence[str], Sequence[str]], feeds: int, walks: int) -> StepResult:
+        """:class:`StepResult` of what a :meth:`step_call` callable returned (the raw values, the call's error
+        messages and forced texts) with ``feeds`` runs and ``walks`` walk requests."""
+        values, messages, texts = raw
         w, f = walks, feeds
-        a = 4 + 2 * w
+        a = 5 + 2 * w
         b = a + 2 * f
         c = b + f
         d = c + values[3]
-        return StepResult(total=values[0], status=values[4 : 4 + w], valid=values[4 + w : a], feeds=values[a:b],
-                          written=values[d:], errors=_errors(messages) if values[2] else {}, reset=values[1],
-                          run_lens=values[b:c], run_tokens=values[c:d])
+        e = d + 2 * values[4]
+        pairs = values[d:e]
+        forced = [ForcedText(int(pairs[2 * i]), int(pairs[2 * i + 1]), t) for i, t in enumerate(texts)]
+        return StepResult(total=values[0], status=values[5 : 5 + w], valid=values[5 + w : a], feeds=values[a:b],
+                          written=values[e:], errors=_errors(messages) if values[2] else {}, reset=values[1],
+                          run_lens=values[b:c], run_tokens=values[c:d], forced=forced)
+
+
+class ForcedText(NamedTuple):
+    """A forced text the native walk found (``ForcedDrafts.record``'s question, asked in C++): after node ``row``
+    (its flat row ``b * n + node``) the grammar forces ``text``; ``key`` -1: from the node's own state, else after the
+    bonus key ``key`` (where the node's own text is empty; in key order)."""
+
+    row: int
+    key: int
+    text: str
 
 
 class StepResult(NamedTuple):
@@ -246,7 +267,8 @@ class StepResult(NamedTuple):
     state; ``written``: the rows filled; ``reset``: the rows the sparse reset set back to all-allowed; ``errors``:
     ``("f" or "w", index) -> message`` of the runs and walks that raised; ``run_lens[f]``: run ``f``'s length, and
     ``run_tokens`` all runs' tokens in run order, as the call read them (``LedgerPlan.fill`` books the runs queued by
-    row from these, without converting their results' tensors to lists)."""
+    row from these, without converting their results' tensors to lists); ``forced``: the forced texts found (step 4
+    of :meth:`NativeGrammar.step_batch`)."""
 
     total: int
     status: Sequence[int]
@@ -257,6 +279,7 @@ class StepResult(NamedTuple):
     reset: int = 0
     run_lens: Sequence[int] = ()
     run_tokens: Sequence[int] = ()
+    forced: Sequence[ForcedText] = ()
 
 
 def _errors(raw: Sequence[str]) -> Dict[Tuple[str, int], str]:

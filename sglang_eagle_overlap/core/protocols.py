@@ -16,7 +16,7 @@ with these methods fits; nothing here is checked at run time, and this module im
   place (GIL-free; a whole row of exactly its tokenizer's width), its error state (llguidance reports grammar errors
   through the matcher, never by raising) and its fast-forward tokens (grammar-forced drafts).
 * :class:`JumpForward` -- what grammar-forced drafts ask of a matcher (an ``xgrammar.GrammarMatcher``): the text the
-  grammar forces from its state.
+  grammar forces from its state; :class:`ForcingMatcher` adds a token tried and taken back (bonus keys).
 * :data:`StatValue` -- one value of the stats snapshot (``StepTelemetry.snapshot``, the JSON stats file).
 """
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Union
 if TYPE_CHECKING:
     from torch.types import Device
 
-__all__ = ["DeviceEvent", "ForwardProbe", "GuidanceMatcher", "JumpForward", "StatValue", "StepExporter", "WalkMatcher"]
+__all__ = ["DeviceEvent", "ForcingMatcher", "ForwardProbe", "GuidanceMatcher", "JumpForward", "StatValue", "StepExporter", "WalkMatcher"]
 
 StatValue = Union[int, float, str, bool, None]
 
@@ -77,3 +77,8 @@ class GuidanceMatcher(Protocol):
 
 class JumpForward(Protocol):
     def find_jump_forward_string(self) -> str: ...
+
+
+class ForcingMatcher(JumpForward, WalkMatcher, Protocol):
+    """What the mask build's forced-draft recording asks of a matcher: its forced text, and one token tried and
+    taken back (a bonus key)."""

@@ -539,8 +539,8 @@ class GrammarStep:
         queued by row: their tokens are not read, so nothing waits for the previous result's host copy) and the
         build's preparation (rows sorted, buffer taken); then the grammar thread waits for the previous result, the
         tree and the previous upload (GIL-free device-event waits) and makes the step's one native call (feeds and
-        walk, GIL-free); :meth:`finish_build` joins it. Where the native walk does not apply (no native module,
-        forced drafts, a matcher subclass), or the batch has fewer requests than ``grammar_thread_min_batch``
+        walk, GIL-free; with forced drafts it also asks each filled node's forced text); :meth:`finish_build` joins
+        it. Where the native walk does not apply (no native module, a matcher subclass), or the batch has fewer requests than ``grammar_thread_min_batch``
         (counted as ``small_batch_inline_steps``), the work runs inline in :meth:`finish_build`."""
         t0 = time.perf_counter()
         if self._open is not None:
@@ -548,7 +548,7 @@ class GrammarStep:
         job = MaskJob(requests=requests, tree=tree, vocab_size=vocab_size, barrier=barrier,
                       allow_timeout=allow_timeout and self._may_time_out(), forced=self.forced is not None)
         builder = self.builder
-        threaded = self.config.grammar_thread and not job.forced and builder.native is not None
+        threaded = self.config.grammar_thread and builder.native is not None
         if threaded and len(requests) < max(1, self.config.grammar_thread_min_batch):
             threaded = False  # a hand-off costs more than this batch's native call: inline at finish_build
             self.telemetry.stats.count("small_batch_inline_steps")
@@ -560,7 +560,8 @@ class GrammarStep:
             # waits)
             job.tree_views = _rows(*tree.host)
             n = job.tree_nodes = job.tree_views[0].shape[1]
-            job.build = builder.prepare(requests, n, vocab_size, allow_timeout=job.allow_timeout, feeds=plan)
+            job.build = builder.prepare(requests, n, vocab_size, allow_timeout=job.allow_timeout,
+                                        forced=self.forced if job.forced else None, feeds=plan)
             if job.build.handles is not None:
                 call = builder.native_call(job.build, *job.tree_views)
                 if self._thread is None:
@@ -776,11 +777,12 @@ class GrammarStep:
         start (None when off)."""
         f = self.forced
         return None if f is None else ForcedCounts(f.proposed, f.changed, f.accepted, f.changed_accepted,
-                                                   f.recorded_nodes)
+                                                   f.recorded_nodes, f.recorded_keyed)
 
     def _forced_delta(self) -> Tuple[int, int]:
         """Forced drafts proposed / accepted since the last call (for the exporter's counters)."""
-        proposed, _, accepted, _, _ = self._forced_counts() or ForcedCounts()
+        counts = self._forced_counts() or ForcedCounts()
+        proposed, accepted = counts.proposed, counts.accepted
         seen, self._forced_seen = self._forced_seen, (proposed, accepted)
         return proposed - seen[0], accepted - seen[1]
 

@@ -28,14 +28,16 @@ logger = logging.getLogger("sglang_eagle_overlap")
 
 
 class ForcedCounts(NamedTuple):
-    """Grammar-forced drafts since start: proposed, changed, accepted, accepted among the changed ones, and draft
-    nodes that recorded a continuation (all zero when forced drafts are off)."""
+    """Grammar-forced drafts since start: proposed, changed, accepted, accepted among the changed ones, draft nodes
+    that recorded a continuation, and nodes that recorded none but one after a bonus key (all zero when forced drafts
+    are off)."""
 
     proposed: int = 0
     changed: int = 0
     accepted: int = 0
     changed_accepted: int = 0
     nodes: int = 0
+    keyed_nodes: int = 0
 
 
 class StepState(NamedTuple):
@@ -138,7 +140,7 @@ class StepTelemetry:
             "pid": os.getpid(),
         }
         (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
-         d["forced_nodes"]) = step.forced or ForcedCounts()
+         d["forced_nodes"], d["forced_keyed_nodes"]) = step.forced or ForcedCounts()
         rank = distributed_rank()
         d["rank"], d["world_size"] = rank if rank is not None else (None, None)
         d.update(s.counters)

@@ -55,7 +55,7 @@ def before_verify(rt: Runtime, batch: Any, verify_input: Any, owned: bool) -> No
         if not rt.settings.forced_drafts_for(algorithm):
             rt.step.forced = None
             logger.info("sglang-eagle-overlap: grammar-forced drafts off for %s (SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS "
-                        "unset: on for %s only, whose draft does not know the output's structure; =1 turns them on)",
+                        "unset: on for %s, whose verify trees the plugin owns; =1 turns them on)",
                         algorithm or "this algorithm", ", ".join(sorted(FORCED_DRAFTS_AUTO_ALGORITHMS)))
             return
     if not owned or verify_input is None or getattr(verify_input, "draft_token", None) is None:

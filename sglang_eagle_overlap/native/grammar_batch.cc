@@ -15,8 +15,9 @@
 // (sglang_eagle_overlap/core/native.py), loaded with tvm_ffi.load_module; tvm-ffi releases the GIL for the call, and
 // no thread of this file ever touches Python.
 //
-// The semantics are those of sglang_eagle_overlap/core/mask.py (the lockstep walk: _Walker) and core/ledger.py
-// (_feed_matcher), which stay the reference implementation and the fallback; tests compare the two bit for bit.
+// The semantics are those of sglang_eagle_overlap/core/mask.py (the lockstep walk: _Walker), core/ledger.py
+// (_feed_matcher) and core/forced.py (ForcedDrafts.record: the text each filled node's grammar forces), which stay the
+// reference implementation and the fallback; tests compare the two bit for bit.
 
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/shape.h>
@@ -53,6 +54,7 @@ struct Methods {
   ffi::Function rollback;    // (matcher, int k) -> None
   ffi::Function terminated;  // (matcher) -> bool
   ffi::Function fill;        // (matcher, tensor bitmask, int row, bool debug) -> bool
+  ffi::Function jump;        // (matcher) -> str: the text the grammar forces from the matcher's state
 };
 
 const Methods& M() {
@@ -61,8 +63,41 @@ const Methods& M() {
       ffi::reflection::GetMethod(kMatcherType, "rollback"),
       ffi::reflection::GetMethod(kMatcherType, "is_terminated"),
       ffi::reflection::GetMethod(kMatcherType, "fill_next_token_bitmask"),
+      ffi::reflection::GetMethod(kMatcherType, "find_jump_forward_string"),
   };
   return m;
+}
+
+// One forced text found (forced.py: ForcedDrafts.record): the node ``row``'s own (``key`` -1), or the text forced after
+// the bonus key ``key`` where the node's own is empty.
+struct Forced {
+  int64_t row, key;
+  std::string text;
+};
+
+// What the grammar forces after node ``row`` (the matcher in that node's state, which it is left in): its own text,
+// or where that is empty the text after each of ``keys`` the grammar allows there (accept, ask, rollback 1), in key
+// order. Only for matchers whose grammar the caller admitted (a grammar whose forced text may never end is never
+// asked).
+void RecordForced(const Methods& m, const ffi::ObjectRef& matcher, int64_t row, const std::vector<int64_t>& keys,
+                  std::vector<Forced>* out) {
+  std::string own = std::string(m.jump(matcher).cast<ffi::String>());
+  if (!own.empty()) {
+    out->push_back({row, -1, std::move(own)});
+    return;
+  }
+  for (int64_t key : keys) {
+    if (!m.accept(matcher, key, false).cast<bool>()) continue;
+    std::string after;
+    try {
+      after = std::string(m.jump(matcher).cast<ffi::String>());
+    } catch (...) {
+      m.rollback(matcher, 1);
+      throw;
+    }
+    m.rollback(matcher, 1);
+    if (!after.empty()) out->push_back({row, key, std::move(after)});
+  }
 }
 
 template <typename T>
@@ -184,10 +219,11 @@ class Pool {
 // row of every valid, non-terminating node after the root (whose row the caller filled). Returns the valid nodes
 // walked; sets *done to false if the deadline passed first (then the request's non-root rows are all-allowed again).
 // The matcher is always left in its entry state, also when a method throws (the exception then propagates).
+// With ``forced``, every filled row's forced texts go to ``forced`` (RecordForced).
 int64_t WalkOne(const Methods& m, const ffi::ObjectRef& matcher, const int64_t* nxt, const int64_t* sib,
                 const int64_t* tok, int64_t n, int64_t base, int64_t vocab, int32_t* mask, int64_t width,
                 const ffi::TensorView& mask_view, uint8_t* written, bool has_deadline, Clock::time_point deadline,
-                bool* done) {
+                bool* done, const std::vector<int64_t>& keys, std::vector<Forced>* forced) {
   struct Frame {
     int64_t node, parent, pdepth;
   };
@@ -223,6 +259,7 @@ int64_t WalkOne(const Methods& m, const ffi::ObjectRef& matcher, const int64_t* 
       m.fill(matcher, mask_view, base + f.node, false);
       written[base + f.node] = 1;
       ++valid;
+      if (forced != nullptr) RecordForced(m, matcher, base + f.node, keys, forced);
     }
     if (depth) m.rollback(matcher, depth);
   } catch (...) {
@@ -287,6 +324,12 @@ Errors& LastErrors() {
   return errors;
 }
 
+// The forced texts of the last StepBatch call made by the calling thread (as LastErrors).
+std::vector<std::string>& LastForced() {
+  thread_local std::vector<std::string> texts;
+  return texts;
+}
+
 // The batch's grammar work of one verify step, in one call:
 //
 // 1. feeds: run f (``feed_matchers[f]``) is fed as ledger.py's _feed_matcher feeds it; runs of one matcher in their
@@ -304,28 +347,40 @@ Errors& LastErrors() {
 // 3. the sparse reset (mask.py: TreeMaskBuilder._settle): every row of ``reset_rows`` (rows of ``reset_t``, the whole
 //    reusable buffer whose first rows ``mask`` views) that this call did not fill is set back to all-allowed.
 //
+// 4. forced texts (forced.py: ForcedDrafts.record), when ``forced_ok`` is not empty: for every walk request w with
+//    ``forced_ok[w]`` set, every row it fills (root included) gets its forced texts (RecordForced, bonus keys
+//    ``forced_keys``); StepForced() on the same thread returns them as text, their rows and keys come with the result.
+//
 // Each matcher is one item, handled by one thread from its first feed to the end of its walk; items are spread over
 // ``threads`` threads (the caller's included). Arguments are checked before any matcher is touched. An exception
 // inside an item stays in that item: a feed that raises is reported (kFeedError, with the tokens consumed before it),
 // the item's later runs are kNotFed and its walk kWalkFailed; a walk that raises leaves its matcher in its entry
 // state and is kWalkFailed (rows of a failed walk are left to the caller). Nothing is ever fed twice.
 //
-// Returns [valid nodes of the batch, rows reset, errors, T, W walk statuses, W valid-node counts, F x (retained
+// Returns [valid nodes of the batch, rows reset, errors, T, R, W walk statuses, W valid-node counts, F x (retained
 // tokens, feed state), F run lengths, the T tokens of all runs in run order (as read: packed or from their result),
-// the rows filled (any order)]; when errors > 0, StepErrors() on the same thread returns their messages
-// ("f<index>: message" / "w<index>: message") until that thread's next call.
+// R x (row, key) of the forced texts found, the rows filled (any order)]; when errors > 0, StepErrors() on the same
+// thread returns their messages ("f<index>: message" / "w<index>: message"), and when R > 0 StepForced() the R texts
+// in the same order, until that thread's next call.
 ffi::Shape StepBatch(
     ffi::Array<ffi::ObjectRef> feed_matchers, ffi::Array<int64_t> feed_packed, ffi::Array<ffi::Tensor> source_ids,
     ffi::Array<ffi::Tensor> source_lens, ffi::Array<int64_t> source_strides, ffi::Array<ffi::ObjectRef> walk_matchers,
     ffi::Array<int64_t> walk_rows, ffi::TensorView nxt_t, ffi::TensorView sib_t, ffi::TensorView tok_t,
     ffi::TensorView mask_t, int64_t vocab, double budget_s, int64_t threads, ffi::Array<int64_t> reset_rows,
-    ffi::TensorView reset_t) {
+    ffi::TensorView reset_t, ffi::Array<int64_t> forced_ok, ffi::Array<int64_t> forced_keys) {
   const Methods& m = M();
   // -- checks (nothing touched yet) --
   int64_t nf = static_cast<int64_t>(feed_matchers.size());
   int64_t nw = static_cast<int64_t>(walk_matchers.size());
   int64_t ns = static_cast<int64_t>(source_ids.size());
   if (static_cast<int64_t>(walk_rows.size()) != nw) TVM_FFI_THROW(ValueError) << "one batch row per walk matcher";
+  bool record = forced_ok.size() > 0;
+  if (record && static_cast<int64_t>(forced_ok.size()) != nw) {
+    TVM_FFI_THROW(ValueError) << "one forced-draft flag per walk matcher";
+  }
+  std::vector<uint8_t> ask(static_cast<size_t>(nw), 0);
+  for (int64_t w = 0; record && w < nw; ++w) ask[w] = forced_ok[w] != 0;
+  std::vector<int64_t> keys(forced_keys.begin(), forced_keys.end());
   if (static_cast<int64_t>(source_lens.size()) != ns || static_cast<int64_t>(source_strides.size()) != ns) {
     TVM_FFI_THROW(ValueError) << "one lengths tensor and one stride per result";
   }
@@ -440,6 +495,7 @@ ffi::Shape StepBatch(
   std::vector<int64_t> status(static_cast<size_t>(nw), kWalkTerminated);
   std::vector<int64_t> valid(static_cast<size_t>(nw), 0);
   std::vector<uint8_t> written(static_cast<size_t>(bs * n), 0);
+  std::vector<std::vector<Forced>> found(static_cast<size_t>(nw));  // per walk request: its thread's only
   std::vector<std::string> errors;
   std::mutex errors_lock;
   auto fail = [&](char kind, int64_t index, const std::exception_ptr& e) {
@@ -478,6 +534,7 @@ ffi::Shape StepBatch(
       written[row[w] * n] = 1;
       status[w] = kWalked;
       valid[w] = 1;
+      if (ask[w]) RecordForced(m, item.matcher, row[w] * n, keys, &found[w]);
     } catch (...) {
       status[w] = kWalkFailed;
       fail('w', w, std::current_exception());
@@ -489,7 +546,8 @@ ffi::Shape StepBatch(
     int64_t base = row[w] * n;
     try {
       valid[w] += WalkOne(m, walk_matchers[w], nxt.data() + base, sib.data() + base, tok.data() + base, n, base,
-                          vocab, mask, width, mask_t, written.data(), has_deadline, deadline, &done);
+                          vocab, mask, width, mask_t, written.data(), has_deadline, deadline, &done, keys,
+                          ask[w] ? &found[w] : nullptr);
       if (!done) status[w] = kWalkTimedOut;
     } catch (...) {
       status[w] = kWalkFailed;
@@ -519,7 +577,7 @@ ffi::Shape StepBatch(
   for (int64_t w = 0; w < nw; ++w) {
     if (status[w] != kWalkFailed) total += valid[w];
   }
-  std::vector<int64_t> out{total, reset_count, 0, static_cast<int64_t>(tokens.size())};
+  std::vector<int64_t> out{total, reset_count, 0, static_cast<int64_t>(tokens.size()), 0};
   out.insert(out.end(), status.begin(), status.end());
   out.insert(out.end(), valid.begin(), valid.end());
   out.insert(out.end(), fed.begin(), fed.end());
@@ -527,6 +585,18 @@ ffi::Shape StepBatch(
   // these instead of converting the results' tensors to lists itself
   for (int64_t f = 0; f < nf; ++f) out.push_back(run_at[f].second);
   out.insert(out.end(), tokens.begin(), tokens.end());
+  // forced texts of requests whose walk did not fail (a failed walk's rows are the caller's to redo)
+  std::vector<std::string> texts;
+  for (int64_t w = 0; w < nw; ++w) {
+    if (status[w] == kWalkFailed) continue;
+    for (Forced& f : found[w]) {
+      out.push_back(f.row);
+      out.push_back(f.key);
+      texts.push_back(std::move(f.text));
+    }
+  }
+  out[4] = static_cast<int64_t>(texts.size());
+  LastForced() = std::move(texts);
   for (int64_t r = 0; r < bs * n; ++r) {
     if (written[r]) out.push_back(r);
   }
@@ -538,6 +608,12 @@ ffi::Shape StepBatch(
 ffi::Array<ffi::String> StepErrors() {
   ffi::Array<ffi::String> out;
   for (const std::string& e : LastErrors().messages) out.push_back(ffi::String(e));
+  return out;
+}
+
+ffi::Array<ffi::String> StepForced() {
+  ffi::Array<ffi::String> out;
+  for (const std::string& t : LastForced()) out.push_back(ffi::String(t));
   return out;
 }
 
@@ -553,3 +629,4 @@ ffi::String Check() {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(check, Check);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(step_batch, StepBatch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(step_errors, StepErrors);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(step_forced, StepForced);

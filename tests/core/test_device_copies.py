@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import tree_copy
-from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts
+from sglang_eagle_overlap.core.forced import ALTERNATIVES, BONUS_KEYS, ForcedDrafts
 from sglang_eagle_overlap.core.mask import neutralize_timed_out_drafts
 from sglang_eagle_overlap.core.tree_copy import HostTreeCopier
 from sglang_eo_dev.helpers.devices import FlagEvent
@@ -42,8 +42,8 @@ def test_the_forced_table_goes_up_through_pinned_memory(pinned):
     f = ForcedDrafts(width=4)
     f.begin(6)
     f.upload(META)
-    assert pinned == [((6, 4, 1 + ALTERNATIVES), torch.int32)]
-    assert f._table is not None and f._table.device == META and tuple(f._table.shape) == (6, 4, 1 + ALTERNATIVES)
+    assert pinned == [((6, 1 + BONUS_KEYS, 4, 1 + ALTERNATIVES), torch.int32)]
+    assert f._table is not None and f._table.device == META and tuple(f._table.shape) == (6, 1 + BONUS_KEYS, 4, 1 + ALTERNATIVES)
     pinned.clear()
     f.begin(3)
     f.upload("cpu")  # on the CPU: a clone, nothing pinned
@@ -53,7 +53,7 @@ def test_the_forced_table_goes_up_through_pinned_memory(pinned):
 def test_apply_stages_its_row_map_and_positions_through_pinned_memory(pinned):
     f = ForcedDrafts(width=4)
     bs, n = 2, 4
-    rows = torch.full((bs, 4, 1 + ALTERNATIVES), -1, dtype=torch.int32, device=META)
+    rows = torch.full((bs, 1 + BONUS_KEYS, 4, 1 + ALTERNATIVES), -1, dtype=torch.int32, device=META)
     f._picked = (("a", "b"), rows, 3)  # what after_verify kept for step N (rows on the device)
     draft = torch.zeros(bs * n, dtype=torch.int64, device=META)
     nxt = torch.zeros(bs, n, dtype=torch.int64, device=META)

@@ -12,7 +12,7 @@ import torch
 from sglang_eagle_overlap.core import MaskRequest
 
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder
-from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives, stable_tokens
+from sglang_eagle_overlap.core.forced import ALTERNATIVES, BONUS_KEYS, ForcedDrafts, prefix_alternatives, stable_tokens
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.tokenizers import encode, hf_tokenizer
 from tests.core.test_mask_failures import RaisingMatcher
@@ -195,9 +195,10 @@ def _tiny_build(width: int, decode=None) -> torch.Tensor:
                                   len(TINY), forced=f)
     assert not res.failed and res.valid_nodes == 4  # nodes 0, 1, 3, 4
     f.upload("cpu")
-    assert f._table is not None and tuple(f._table.shape) == (10, width, 1 + ALTERNATIVES)
+    assert f._table is not None and tuple(f._table.shape) == (10, 1 + BONUS_KEYS, width, 1 + ALTERNATIVES)
     assert f.recorded_nodes == 3  # node 4's continuation is empty
-    return f._table
+    assert (f._table[:, 1:] == -1).all()  # no bonus key learned yet (the build's only root forces text)
+    return f._table[:, 0]
 
 
 def test_build_records_each_valid_nodes_continuation():
@@ -226,9 +227,9 @@ def _load(f: ForcedDrafts, rows: Sequence[Sequence[int]],
     alternatives."""
     assert f._host is not None
     for row, toks in enumerate(rows):
-        f._host[row, : len(toks), 0] = toks
+        f._host[row, 0, : len(toks), 0] = toks
     for (row, pos), alts in (alternatives or {}).items():
-        f._host[row, pos, 1 : 1 + len(alts)] = alts
+        f._host[row, 0, pos, 1 : 1 + len(alts)] = alts
 
 
 def _forced_after(rows: Sequence[Sequence[int]], accept_index: Sequence[Any], rids: Sequence[str], n: int,
@@ -468,7 +469,7 @@ def test_a_failed_batched_walk_leaves_no_row_of_its_own(enc):
     # the failed attempt did record rows: round 1, both first drafts (the same state, which forces a continuation)
     assert f.continuation(G.matcher("nested", VOCAB, ids[:3])) and f.recorded_nodes == 2
     f.upload("cpu")
-    assert f._table is not None and tuple(f._table.shape) == (2 * n, width, 1 + ALTERNATIVES) and bool((f._table == -1).all())
+    assert f._table is not None and tuple(f._table.shape) == (2 * n, 1 + BONUS_KEYS, width, 1 + ALTERNATIVES) and bool((f._table == -1).all())
 
 
 def test_a_batch_encoder_gives_the_same_tokens_and_alternatives_in_one_call_each(enc, dec):
@@ -501,7 +502,7 @@ def test_a_batch_encoder_gives_the_same_tokens_and_alternatives_in_one_call_each
     for t in _doc_ids()[:60]:
         calls.clear()
         s = m.find_jump_forward_string()
-        fresh = bool(s) and s not in f._cache
+        fresh = bool(s) and (s, False) not in f._cache
         got, want = f._entry(m), ref._entry(m)
         assert len(calls) in ((1, 2) if fresh else (0,)), (s, calls)
         fresh_seen += fresh

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_eagle_overlap.core import forced as forced_mod
-from sglang_eagle_overlap.core.forced import ALTERNATIVES, ForcedDrafts, prefix_alternatives
+from sglang_eagle_overlap.core.forced import ALTERNATIVES, BONUS_KEYS, ForcedDrafts, prefix_alternatives
 from tests.core.test_forced_drafts import (CLOSE, K, KE, KEY, OPEN, Q, QCOLON, _ab, _chain, _forced_after, _load,
                                            tiny_decode, tiny_encode)
 
@@ -35,7 +35,7 @@ def _tokens(f: ForcedDrafts) -> List[List[int]]:
     """The uploaded table's forced tokens, row by row."""
     f.upload("cpu")
     assert f._table is not None
-    return f._table[:, :, 0].tolist()
+    return f._table[:, 0, :, 0].tolist()
 
 
 def test_width_below_two_is_refused():
@@ -95,7 +95,7 @@ def test_the_continuation_cache_is_bounded(monkeypatch):
         got.append(f.continuation(Forcing(text)))
         assert len(f._cache) <= 2
     assert got == [(Q, KEY, QCOLON), (QCOLON,), (CLOSE,), (Q, KEY, QCOLON)]
-    assert set(f._cache) == {"}", '"key":"'}  # cleared at the third string, then refilled
+    assert set(f._cache) == {("}", False), ('"key":"', False)}  # cleared at the third string, then refilled
 
 
 def test_a_state_that_forces_nothing_has_no_continuation_and_no_row():
@@ -176,8 +176,8 @@ def test_the_table_has_one_column_per_alternative_and_the_forced_token():
     f.begin(1)
     f.record(Forcing('"key":"'), 0)
     f.upload("cpu")
-    assert f._table is not None and tuple(f._table.shape) == (1, 3, 1 + ALTERNATIVES)
-    assert f._table[0].tolist() == [[Q, -1, -1, -1, -1], [KEY, K, KE, -1, -1], [QCOLON, Q, -1, -1, -1]]
+    assert f._table is not None and tuple(f._table.shape) == (1, 1 + BONUS_KEYS, 3, 1 + ALTERNATIVES)
+    assert f._table[0, 0].tolist() == [[Q, -1, -1, -1, -1], [KEY, K, KE, -1, -1], [QCOLON, Q, -1, -1, -1]]
     assert isinstance(f._table, torch.Tensor) and f._table.dtype == torch.int32
 
 
@@ -325,7 +325,7 @@ def test_the_draft_models_first_alternative_stops_the_replacement_too():
     f = _forced_after([[], [50, 51, 52, 53], [], []], [[0, 1, -1, -1]], ["a"], 4)
     assert f._picked is not None
     rows = f._picked[1].clone()
-    rows[0, 2, 1:3] = torch.tensor([90, 91])  # position 2's alternatives: 90, then 91
+    rows[0, 0, 2, 1:3] = torch.tensor([90, 91])  # position 2's alternatives: 90, then 91
     f._picked = (f._picked[0], rows, f._picked[2])
     draft = torch.tensor([50, 7, 90, 9])
     f.apply(draft, _chain(1, 4), ["a"])
@@ -350,7 +350,7 @@ def test_upload_without_a_device_keeps_the_table_on_the_host():
     f.begin(1)
     f.record(Forcing('"key":"'), 0)
     f.upload(None)
-    assert f._table is not None and f._table.device.type == "cpu" and f._table[0, :, 0].tolist() == [Q, KEY]
+    assert f._table is not None and f._table.device.type == "cpu" and f._table[0, 0, :, 0].tolist() == [Q, KEY]
 
 
 def test_the_host_table_is_reused_while_it_is_large_enough():

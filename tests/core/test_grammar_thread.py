@@ -349,16 +349,11 @@ def test_a_refused_native_call_falls_back_to_python_at_the_join(monkeypatch, cap
         step.close()
 
 
-@pytest.mark.parametrize("why", ["no native module", "forced drafts"])
-def test_without_the_native_call_the_work_runs_inline_at_finish(why):
-    """The grammar thread takes only the native call: without it (no module, forced drafts on) start_build only
-    records the job, and the barrier runs in finish_build on the caller."""
-    from sglang_eagle_overlap.core.forced import ForcedDrafts
-
+def test_without_the_native_call_the_work_runs_inline_at_finish():
+    """The grammar thread takes only the native call: without it (no module) start_build only records the job,
+    and the barrier runs in finish_build on the caller."""
     w = World(8, bs=3)
-    kw = {"forced": ForcedDrafts()} if why == "forced drafts" else {}
-    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True,
-                     native=None if why == "no native module" else native, **kw)
+    step = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=True, native=None)
     order = []
     try:
         ms = w.matchers()
@@ -377,6 +372,44 @@ def test_without_the_native_call_the_work_runs_inline_at_finish(why):
         assert step.ledger.tokens_fed == sum(len(r) for _, _, r, _ in w.spec)
     finally:
         step.close()
+
+
+def test_forced_drafts_run_on_the_grammar_thread_with_the_python_walks_table(monkeypatch):
+    """With forced drafts on, the step's native call (forced texts included) runs on the grammar thread; its mask,
+    matcher states and forced table equal an inline step's without the native module (the Python walk, the
+    reference), bonus keys included."""
+    from sglang_eagle_overlap.core.forced import ForcedDrafts
+    from sglang_eo_dev.helpers.tokenizers import hf_tokenizer
+
+    tokenizer = hf_tokenizer(VOCAB)
+
+    def forced() -> ForcedDrafts:
+        f = ForcedDrafts()
+        f.encode = lambda s: tokenizer.encode(s, add_special_tokens=False)
+        f.decode = tokenizer.decode
+        f._key_counts = {tokenizer.encode(t, add_special_tokens=False)[0]: 1 for t in ('"', '",')}
+        return f
+
+    w = World(3)
+    calls = _record_native_calls(monkeypatch)
+    ref = make_step(mask_threads=1, mask_time_limit_s=None, grammar_thread=False, native=None, forced=forced())
+    thr = _step(True, forced=forced())
+    try:
+        m_ref, m_thr = w.matchers(), w.matchers()
+        # both through start_build / finish_build (a verify: the path that records forced drafts); the reference
+        # has no native module, so its work runs inline there
+        mask_ref, _, out_ref, _ = _run(ref, w, m_ref, threaded=True)
+        mask_thr, _, out_thr, _ = _run(thr, w, m_thr, threaded=True)
+        assert calls and threading.get_ident() not in calls  # the native call ran, on the grammar thread
+        assert torch.equal(mask_thr, mask_ref) and out_thr == out_ref and _same_states(m_thr, m_ref)
+        assert ref.forced is not None and thr.forced is not None
+        assert ref.forced.recorded_nodes > 0 and thr.forced.recorded_nodes == ref.forced.recorded_nodes
+        ref.forced.upload("cpu")
+        thr.forced.upload("cpu")
+        assert torch.equal(thr.forced._table, ref.forced._table)
+    finally:
+        ref.close()
+        thr.close()
 
 
 class _Exporter:

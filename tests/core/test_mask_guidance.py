@@ -248,7 +248,7 @@ def test_forced_drafts_of_llguidance_rows_are_its_fast_forward_tokens(threads):
     n, table = batch.n, forced._host
     recorded = 0
     for i, r in enumerate(batch.up):
-        rows = table[i * n : (i + 1) * n, :, 0]
+        rows = table[i * n : (i + 1) * n, 0, :, 0]
         if r.grammar is None:
             assert (rows == -1).all()
             continue

@@ -272,9 +272,9 @@ def test_a_barrier_whose_caller_waits_for_no_outcome_still_feeds_and_records_eac
 
 
 def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_mask():
-    """With forced drafts on, ``start_build`` / ``finish_build`` (an EAGLE verify: inline, the forced table needs
-    Python) record the valid nodes' grammar-forced continuations; ``build_mask`` (chain algorithms, host-built trees,
-    which never take them) records none."""
+    """With forced drafts on, ``start_build`` / ``finish_build`` (an EAGLE verify: the native call on the grammar
+    thread asks every filled node's forced text) record the valid nodes' grammar-forced continuations; ``build_mask``
+    (chain algorithms, host-built trees, which never take them) records none."""
     from sglang_eagle_overlap.core.forced import ForcedDrafts
     from sglang_eo_dev.helpers.tokenizers import hf_tokenizer
 
@@ -293,7 +293,7 @@ def test_forced_continuations_are_recorded_by_a_verify_build_and_not_by_build_ma
             reqs = [MaskRequest(matcher=m) for m in ms]
             if verify:
                 job = step.start_build(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB)
-                assert job.future is None  # forced drafts keep the build inline
+                assert job.future is not None  # forced drafts do not keep the build off the grammar thread
                 step.finish_build(job, device="cpu")
             else:
                 step.build_mask(reqs, step.copy_tree(nxt, sib, tok), vocab_size=VOCAB, device="cpu")

@@ -33,7 +33,7 @@ from sglang_eo_dev.helpers.steps import feed_one, make_step, was_fed
 BASE_KEYS = {"steps", "grammar_s", "unhidden_s", "advance_s", "tree_wait_s", "mask_s", "mask_timeouts", "sched_s",
              "join_wait_s", "helper_gil_s", "handoff_s", "grammar_thread", "forced_drafts", "native", "tokens_advanced", "ledger_requests",
              "pinned_allocations", "pid", "forced_proposed", "forced_changed", "forced_accepted", "forced_changed_accepted",
-             "forced_nodes",
+             "forced_nodes", "forced_keyed_nodes",
              "rank", "world_size", *COUNTERS}
 
 
@@ -42,16 +42,16 @@ def _rank(monkeypatch, value):
     monkeypatch.setattr(telemetry_mod, "distributed_rank", lambda: value)
 
 
-def _forced(proposed, changed, accepted, changed_accepted, nodes):
+def _forced(proposed, changed, accepted, changed_accepted, nodes, keyed=0):
     f = ForcedDrafts()
     f._mirror = torch.tensor([proposed, changed, accepted, changed_accepted], dtype=torch.int64)
-    f.recorded_nodes = nodes
+    f.recorded_nodes, f.recorded_keyed = nodes, keyed
     return f
 
 
 def test_snapshot_names_every_number_it_reports(monkeypatch):
     _rank(monkeypatch, (1, 2))
-    step = make_step(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 2, 11),
+    step = make_step(mask_threads=1, grammar_thread=True, forced=_forced(7, 3, 5, 2, 11, 13),
                      state=lambda: {"active": True})
     s = step.telemetry.stats
     s.steps, s.sched_s, s.join_wait_s, s.helper_gil_s, s.handoff_s = 4, 0.25, 0.125, 0.0625, 0.03125
@@ -66,7 +66,7 @@ def test_snapshot_names_every_number_it_reports(monkeypatch):
     assert d["grammar_s"] == pytest.approx(0.5 + 0.75 + 1.5)
     assert d["grammar_thread"] is True and d["forced_drafts"] is True and d["active"] is True
     assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
-            d["forced_nodes"]) == (7, 3, 5, 2, 11)
+            d["forced_nodes"], d["forced_keyed_nodes"]) == (7, 3, 5, 2, 11, 13)
     assert (d["rank"], d["world_size"]) == (1, 2) and d["pid"] == os.getpid()
     assert d[COUNTERS[0]] == 3 and all(d[c] == 0 for c in COUNTERS[1:])
     assert (d["tokens_advanced"], d["ledger_requests"], d["pinned_allocations"]) == (0, 0, 0)
@@ -78,7 +78,7 @@ def test_snapshot_without_a_group_or_forced_drafts(monkeypatch):
     assert set(d) == BASE_KEYS
     assert d["grammar_thread"] is False and d["forced_drafts"] is False
     assert (d["forced_proposed"], d["forced_changed"], d["forced_accepted"], d["forced_changed_accepted"],
-            d["forced_nodes"]) == (0, 0, 0, 0, 0)
+            d["forced_nodes"], d["forced_keyed_nodes"]) == (0, 0, 0, 0, 0, 0)
     assert (d["rank"], d["world_size"]) == (None, None)
 
 

@@ -23,6 +23,7 @@ import os
 import pytest
 
 from sglang_eagle_overlap import support
+from sglang_eagle_overlap.settings import FORCED_DRAFTS_AUTO_ALGORITHMS
 
 from .algo_runs import ALGORITHMS, CASES, baseline_config, band, config, run
 
@@ -67,8 +68,8 @@ def test_algorithm_matches_support_table(engine_pool, sglang_version, algorithm)
     if entry.decision == "keep":
         assert synced_on == 0, f"{algorithm}: {synced_on}/{total_on} grammar decode batches left the overlap"
         assert stats["steps"] > 0 and stats["tokens_advanced"] > 0, stats
-        # forced drafts unset ("auto"): decided at the first verify, on for STANDALONE only (settings.py)
-        assert stats["forced_drafts"] is (algorithm == "STANDALONE"), stats
+        # forced drafts unset ("auto"): decided at the first verify by the algorithm's resolved name (settings.py)
+        assert stats["forced_drafts"] is (support.resolve(algorithm) in FORCED_DRAFTS_AUTO_ALGORITHMS), stats
         if band(sglang_version) == "0.5.16":
             assert synced_off == total_off, f"stock 0.5.16 {algorithm}: {synced_off}/{total_off} synced"
             assert stats["overlap_kept"] > 0, stats

@@ -8,7 +8,7 @@ exactly-once ledger every step). The plugin's stats prove its path ran in the sc
 took the batched walk (``guidance_steps``), nothing was aborted or re-anchored. One request per engine is marked for
 the fault injector (``sglang_eo_dev.cpu_runtime.faults``): its rows break the batched llguidance fill and its grammar
 raises when asked for a row, so it must fail alone, with ``Grammar mask build failed``, while its neighbours are
-exact. The topk 4 engine runs with grammar-forced drafts on (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=1``): llguidance's
+exact. The topk 4 engine runs with grammar-forced drafts on, the topk 1 engine with them off: llguidance's
 fast-forward tokens replace top-path drafts, and the outputs stay the same. Engine starts: 3 (non-spec, topk 1,
 topk 4).
 """
@@ -96,7 +96,7 @@ def test_llguidance_with_the_plugin_is_token_identical_valid_and_overlapped(engi
     monkeypatch.setenv(faults.ENV_FLAG, "1")  # read by the engine's scheduler at start
     forced = spec == "topk4"
     cfg = EngineConfig(pair="follower", spec=spec, overlap=True, product_plugin=True, extra=LLGUIDANCE,
-                       forced_drafts=True if forced else None)
+                       forced_drafts=forced)
     got, stats, runtime = _run(engine_pool, cfg, faulty=True)
     for case in CASES:
         for i, (on, want) in enumerate(zip(got[case], baseline[case], strict=True)):

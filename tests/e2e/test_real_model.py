@@ -214,6 +214,9 @@ def test_eagle3_greedy_token_identical_to_nonspec(engine_pool, sglang_version, b
         assert plugin_stats["forced_drafts"] is True, plugin_stats
         assert plugin_stats["forced_proposed"] >= plugin_stats["forced_accepted"] > 0, plugin_stats
         assert plugin_stats["forced_changed"] > 0, plugin_stats
+        # nodes that forced nothing themselves got the text forced after a bonus key (after a closing quote: the next
+        # key), and the forced texts were asked in the native walk on the grammar thread
+        assert plugin_stats["forced_keyed_nodes"] > 0 and plugin_stats["thread_steps"] > 0, plugin_stats
         # what the replacement itself won is counted inside both the changed and the accepted ones
         won = plugin_stats["forced_changed_accepted"]
         assert 0 <= won <= min(plugin_stats["forced_changed"], plugin_stats["forced_accepted"]), plugin_stats
