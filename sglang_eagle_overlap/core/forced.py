@@ -301,6 +301,16 @@ class _IdMap:
         return len(self._d)
 
 
+def _forced_text(matcher: JumpForward) -> Optional[str]:
+    """``matcher``'s forced text, or None where it is not whole UTF-8 characters: a matcher in the middle of a
+    multi-byte character forces the rest of its bytes first, which xgrammar's Python API cannot return as a str
+    (``UnicodeDecodeError``) and no tokenizer's ``encode`` could take (the native walk leaves such texts out too)."""
+    try:
+        return matcher.find_jump_forward_string()
+    except UnicodeDecodeError:
+        return None
+
+
 class ForcedDrafts:
     """Per-process forced-draft state: the encoder and its cache, this step's host table, the previous step's picked
     rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node). The table is
@@ -437,7 +447,7 @@ class ForcedDrafts:
         """(continuation, its table rows ``[len, 1 + ALTERNATIVES]``), cached per forced string; None if empty."""
         if not self.may_ask(matcher):  # its forced text may never end: not asked
             return None
-        return self._tokens_of(matcher.find_jump_forward_string(), False, self.width)
+        return self._tokens_of(_forced_text(matcher) or "", False, self.width)
 
     def _tokens_of(self, s: str, first: bool,
                    limit: int) -> Optional[Tuple[Tuple[int, ...], npt.NDArray[np.int32]]]:
@@ -495,16 +505,17 @@ class ForcedDrafts:
         grammar allows there (``accept_token`` then ``rollback(1)``)."""
         if self._host is None or row >= self._rows or not self.may_ask(matcher):
             return
-        own = matcher.find_jump_forward_string()
-        if own:
-            self._write(row, own, ())
+        own = _forced_text(matcher)
+        if own is None or own:  # forced bytes that are no whole characters: nothing to draft, no key tried
+            if own:
+                self._write(row, own, ())
             return
         keyed: List[Tuple[int, str]] = []
         for key in self._keys:
             if not matcher.accept_token(key):
                 continue
             try:
-                after = matcher.find_jump_forward_string()
+                after = _forced_text(matcher)
             finally:
                 matcher.rollback(1)
             if after:

@@ -226,8 +226,19 @@ class NativeGrammar:
 
         def call() -> Tuple[Any, Sequence[str], Sequence[str]]:
             values = bound()
-            return (values, list(fetch_errors()) if values[2] else (),
-                    [str(t) for t in fetch_forced()] if values[4] else ())
+            # Nothing may raise from here on: the call has fed and walked, and a caller that saw an exception would
+            # take the call as never made and feed its runs again. Texts are whole UTF-8 (RecordForced checks).
+            try:
+                messages = list(fetch_errors()) if values[2] else []
+            except Exception:  # noqa: BLE001 - the messages only explain errors the values already report
+                messages = []
+            try:
+                texts = [str(t) for t in fetch_forced()] if values[4] else []
+            except Exception:  # noqa: BLE001 - a forced text is a hint: without it the step drafts less, exactly
+                texts = []
+            return values, messages, texts
+
+        return call
 
         return call
 

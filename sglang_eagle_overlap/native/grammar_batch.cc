@@ -75,15 +75,31 @@ struct Forced {
   std::string text;
 };
 
+// Whether ``s`` is whole UTF-8 characters. A matcher in the middle of a multi-byte character forces the rest of its
+// bytes first: no text a tokenizer can encode (and Python could not even hold it as a str).
+bool WholeUtf8(const std::string& s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 // What the grammar forces after node ``row`` (the matcher in that node's state, which it is left in): its own text,
 // or where that is empty the text after each of ``keys`` the grammar allows there (accept, ask, rollback 1), in key
-// order. Only for matchers whose grammar the caller admitted (a grammar whose forced text may never end is never
-// asked).
+// order. A text that is not whole UTF-8 characters is left out (the node's own: and no key is tried). Only for
+// matchers whose grammar the caller admitted (a grammar whose forced text may never end is never asked).
 void RecordForced(const Methods& m, const ffi::ObjectRef& matcher, int64_t row, const std::vector<int64_t>& keys,
                   std::vector<Forced>* out) {
   std::string own = std::string(m.jump(matcher).cast<ffi::String>());
   if (!own.empty()) {
-    out->push_back({row, -1, std::move(own)});
+    if (WholeUtf8(own)) out->push_back({row, -1, std::move(own)});
     return;
   }
   for (int64_t key : keys) {
@@ -96,7 +112,7 @@ void RecordForced(const Methods& m, const ffi::ObjectRef& matcher, int64_t row, 
       throw;
     }
     m.rollback(matcher, 1);
-    if (!after.empty()) out->push_back({row, key, std::move(after)});
+    if (!after.empty() && WholeUtf8(after)) out->push_back({row, key, std::move(after)});
   }
 }
 

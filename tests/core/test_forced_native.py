@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -117,3 +118,74 @@ def test_without_forced_drafts_the_native_call_asks_nothing(tok):
     with pytest.raises(ValueError, match="one forced-draft flag per walk matcher"):
         nat.step_batch((), (), (), nat.handles(ms), list(range(6)), nxt, sib, draft, mask, VOCAB, None,
                        forced_ok=[1] * 5)
+
+
+UNICODE_SCHEMA = {"type": "object", "properties": {"w": {"enum": ["naïve café", "日本語のテキスト", "🙂 emoji ✓", "Ωμέγα"]}},
+                  "required": ["w"]}
+
+
+def _unicode_world(seed: int, k: int = 6, n: int = 6):
+    """``k`` requests under an enum of multi-byte words, each at a random state of a random valid path, with a chain
+    tree following that path: many nodes sit in the middle of a character (a token ending inside its bytes)."""
+    import json
+
+    import xgrammar as xgr
+
+    from sglang_eo_dev.helpers.tokenizers import tokenizer_info
+
+    cg = xgr.GrammarCompiler(tokenizer_info(VOCAB)).compile_json_schema(json.dumps(UNICODE_SCHEMA),
+                                                                         any_whitespace=False)
+    rng = random.Random(seed)
+    plans = []
+    for _ in range(k):
+        m = xgr.GrammarMatcher(cg)
+        path = []
+        while len(path) < 30 and not m.is_terminated():
+            row = G.next_token_bitmask(m, VOCAB)[0].numpy()
+            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:VOCAB])
+            t = int(rng.choice(list(allowed)))
+            assert m.accept_token(t)
+            path.append(t)
+        cut = rng.randrange(1, max(2, len(path) - n))
+        plans.append((path[:cut], path[cut - 1 : cut - 1 + n]))  # the root is the last committed token
+
+    def matchers():
+        out = []
+        for prefix, _ in plans:
+            m = xgr.GrammarMatcher(cg)
+            for t in prefix:
+                assert m.accept_token(t)
+            out.append(m)
+        return out
+
+    nxt = torch.full((k, n), -1, dtype=torch.int64)
+    nxt[:, :-1] = torch.arange(1, n)
+    tok = torch.tensor([(chain + [0] * n)[:n] for _, chain in plans], dtype=torch.int64)
+    return matchers, (nxt, torch.full((k, n), -1, dtype=torch.int64), tok)
+
+
+def test_a_matcher_in_the_middle_of_a_character_forces_no_text_and_breaks_no_build(tok):
+    """xgrammar's forced text from the middle of a multi-byte character is the rest of its bytes: no str (its Python
+    API raises ``UnicodeDecodeError``), nothing to tokenize. Both walks leave such nodes without a continuation and
+    build the same table and mask, without an error (a native call whose result could not be read would be taken as
+    never made, and its feeds made twice)."""
+    keys = {tok.encode(s, add_special_tokens=False)[0]: 1 for s in ('"', '",', "}")}
+    mid = 0
+    for seed in range(4):
+        matchers, (nxt, sib, draft) = _unicode_world(seed)
+        for m in matchers():  # the premise: some roots sit inside a character
+            try:
+                m.find_jump_forward_string()
+            except UnicodeDecodeError:
+                mid += 1
+        f_py, f_cx = _forced(tok, keys), _forced(tok, keys)
+        ms_py, ms_cx = matchers(), matchers()
+        want = TreeMaskBuilder(threads=1).build([MaskRequest(matcher=m) for m in ms_py], nxt, sib, draft, VOCAB,
+                                                forced=f_py)
+        cx = TreeMaskBuilder(threads=1, native=native())
+        got = cx.build([MaskRequest(matcher=m) for m in ms_cx], nxt, sib, draft, VOCAB, forced=f_cx)
+        assert not want.failed and not got.failed and cx.native_walks == 1
+        assert torch.equal(got.bitmask, want.bitmask) and torch.equal(_table(f_cx), _table(f_py)), seed
+        for a, b in zip(ms_py, ms_cx):
+            assert torch.equal(G.next_token_bitmask(a, VOCAB), G.next_token_bitmask(b, VOCAB))
+    assert mid > 0
