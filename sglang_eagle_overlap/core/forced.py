@@ -20,7 +20,9 @@ Call order per verify step (one process, the host's scheduler thread unless note
 
     forced.admit(matcher, compiled_grammar)   # per request, before its first build (a lookup once decided)
     forced.apply(draft_token, next_token, rids, draft_probs_used)   # step N+1, before the verify prepares its input
-    ... tree copy, grammar job: forced.begin(rows, n, roots), then forced.record(matcher, row) per valid node ...
+    ... tree copy, grammar job: forced.begin(rows, n, roots), then forced.record(matcher, row) per valid node (the
+        Python walk), or forced.begin(rows, n) before the native walk and forced.record_found(texts, roots) after
+        it (the walk asked the same texts in C++, on the grammar thread) ...
     forced.upload(device)                                            # with the mask, after the join
     forced.after_verify(accept_index, rids)                          # right after the host's verify sampling
 

@@ -360,7 +360,7 @@ class TreeMaskBuilder:
                 feeds: Optional[LedgerPlan] = None) -> BuildPlan:
         """First part of a build, on the thread that owns the requests and the ledger (the scheduler thread): sort
         the rows (unconstrained, plain xgrammar matchers, host grammars), take the host bitmask buffer, and decide
-        whether the native walk applies (``BuildPlan.handles`` set: the native module, the lockstep strategy, no
+        whether the native walk applies (``BuildPlan.handles`` set: the native module, the lockstep strategy, the
         real clock). If it does, ``feeds``' waiting runs are packed for the same native call, and with ``forced`` its
         table is begun here and the call records the forced texts; if not, they are fed here, before anything else
         (:meth:`finish` walks in Python). Needs neither the tree nor the previous upload to be done: it writes only

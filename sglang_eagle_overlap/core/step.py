@@ -540,8 +540,9 @@ class GrammarStep:
         build's preparation (rows sorted, buffer taken); then the grammar thread waits for the previous result, the
         tree and the previous upload (GIL-free device-event waits) and makes the step's one native call (feeds and
         walk, GIL-free; with forced drafts it also asks each filled node's forced text); :meth:`finish_build` joins
-        it. Where the native walk does not apply (no native module, a matcher subclass), or the batch has fewer requests than ``grammar_thread_min_batch``
-        (counted as ``small_batch_inline_steps``), the work runs inline in :meth:`finish_build`."""
+        it. Where the native walk does not apply (no native module, a matcher subclass), or the batch has fewer
+        requests than ``grammar_thread_min_batch`` (counted as ``small_batch_inline_steps``), the work runs inline in
+        :meth:`finish_build`."""
         t0 = time.perf_counter()
         if self._open is not None:
             self._settle_open()
