@@ -240,8 +240,6 @@ class NativeGrammar:
 
         return call
 
-        return call
-
     def step_result(self, raw: Tuple[Any, Sequence[str], Sequence[str]], feeds: int, walks: int) -> StepResult:
         """:class:`StepResult` of what a :meth:`step_call` callable returned (the raw values, the call's error
         messages and forced texts) with ``feeds`` runs and ``walks`` walk requests."""
