@@ -525,3 +525,30 @@ def test_step_batch_walks_within_the_budget_it_is_given():
         assert torch.equal(spent[i * 8], whole[i * 8])  # the root row is exact
         assert bool((spent[i * 8 + 1 : (i + 1) * 8] == -1).all())
     assert all(torch.equal(_state(m), b) for m, b in zip(ms, before))
+
+
+def test_reading_a_calls_messages_and_texts_never_raises_after_it_fed():
+    """Once the native call returned, it has fed and walked: an exception while its messages or forced texts are read
+    would make the caller take the call as never made and feed its runs again. A module whose readers raise (an
+    unreadable text) leaves the call's values as they are, without the messages or texts."""
+    from sglang_eagle_overlap.core.native import NativeGrammar
+
+    values = [3, 0, 1, 0, 1, 0, 1, 7, -1]  # total 3, 1 error, 1 forced text; one walk: status, valid; (row, key)
+
+    class Module:
+        def step_batch(self, *args):
+            return values
+
+        def step_errors(self):
+            raise UnicodeDecodeError("utf-8", b"\xa9", 0, 1, "invalid start byte")
+
+        def step_forced(self):
+            raise UnicodeDecodeError("utf-8", b"\xa9", 0, 1, "invalid start byte")
+
+    nat = NativeGrammar(module=Module(), path="", type_key="", matcher_type=xgr.GrammarMatcher)
+    raw = nat.step_call((), (), (), ["h"], [0], torch.zeros((1, 1), dtype=torch.int64),
+                        torch.zeros((1, 1), dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+                        torch.zeros((1, 1), dtype=torch.int32), 32, None)()
+    res = nat.step_result(raw, 0, 1)
+    assert res.total == 3 and list(res.status) == [0] and list(res.valid) == [1]
+    assert res.errors == {} and list(res.forced) == [] and list(res.written) == []
