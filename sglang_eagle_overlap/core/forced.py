@@ -50,6 +50,7 @@ the scheduler thread never waits for the device's queue on this path.
 
 from __future__ import annotations
 
+import itertools
 import re
 import weakref
 from collections import deque
@@ -529,18 +530,12 @@ class ForcedDrafts:
         node's own text, a row's keyed texts in key order, as :meth:`record` would ask for them), written as
         :meth:`record` writes; ``roots``: each request's root token (for the bonus keys' counts)."""
         self._roots = roots
-        i, k = 0, len(found)
-        while i < k:
-            row, key, text = found[i]
-            if key < 0:
-                self._write(row, text, ())
-                i += 1
-                continue
-            j = i
-            while j < k and found[j][0] == row and found[j][1] >= 0:
-                j += 1
-            self._write(row, "", [(f[1], f[2]) for f in found[i:j]])
-            i = j
+        for (row, own), group in itertools.groupby(found, key=lambda f: (f[0], f[1] < 0)):
+            texts = list(group)
+            if own:  # at most one per row: a row with its own text has no keyed ones
+                self._write(row, texts[0][2], ())
+            else:
+                self._write(row, "", [(key, text) for _, key, text in texts])
 
     def _write(self, row: int, own: str, keyed: Sequence[Tuple[int, str]]) -> None:
         """Row ``row`` of this build: its own forced text ``own`` in slot 0, or (``own`` empty) each bonus key's

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Union
 if TYPE_CHECKING:
     from torch.types import Device
 
-__all__ = ["DeviceEvent", "ForcingMatcher", "ForwardProbe", "GuidanceMatcher", "JumpForward", "StatValue", "StepExporter", "WalkMatcher"]
+__all__ = ["DeviceEvent", "ForcingMatcher", "ForwardProbe", "GuidanceMatcher", "JumpForward", "StatValue",
+           "StepExporter", "WalkMatcher"]
 
 StatValue = Union[int, float, str, bool, None]
 
