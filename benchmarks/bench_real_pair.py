@@ -5,9 +5,10 @@ draft (``scripts/build_real_model.sh``) on the real CPU engine, overlap on, plug
 (``sglang_eo_dev.real_model.prompts.held_apart_requests``: prompts the draft never saw in training), sent as one batch
 twice per round: with each prompt's JSON schema ("json") and without a grammar ("free"). Per EAGLE3 tree (topk 1: 3
 steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) one engine per grammar-aware drafting variant runs, one after
-the other (:data:`VARIANTS`): forced drafts keyed also by the bonus token (the default; modes "json" and "free"), the
-accepted node's own forced text only (``SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS=0``), and forced drafts off
-(``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``). Per tree, variant and mode it reports, summed over the requests of all
+the other (:data:`VARIANTS`): forced drafts keyed also by the bonus token, the forced text's unstable tail drafted too
+(the default; modes "json" and "free"), the same with the tail held back (``SGLANG_EAGLE_OVERLAP_FORCED_TAIL=0``), the
+accepted node's own forced text only, tail held back (``SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS=0``), and forced drafts
+off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``). The warm-up is the first prompts, short, once per mode. Per tree, variant and mode it reports, summed over the requests of all
 rounds, and per schema family (tool-call arguments, extraction, the rest):
 
 * accept length = output tokens / verify steps (SGLang's ``spec_verify_ct``);
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import shlex
 import sys
 import time
@@ -44,9 +46,14 @@ sys.path.insert(0, str(ROOT / "dev"))
 from sglang_eagle_overlap.settings import DEFAULT_FORCED_BONUS_KEYS  # noqa: E402
 
 MODES = ("json", "free")
-# variant -> (forced drafts, bonus keys): the grammar-aware drafting variants compared, one engine each
-VARIANTS = {"keyed": (True, DEFAULT_FORCED_BONUS_KEYS), "top path": (True, 0), "off": (False, 0)}
-ROWS = (("keyed", "json"), ("top path", "json"), ("off", "json"), ("keyed", "free"))
+# variant -> (forced drafts, bonus keys, the forced text's unstable tail drafted): the grammar-aware drafting
+# variants compared, one engine each
+VARIANTS = {"keyed": (True, DEFAULT_FORCED_BONUS_KEYS, True),
+            "keyed, tail held": (True, DEFAULT_FORCED_BONUS_KEYS, False),
+            "top path": (True, 0, False), "off": (False, 0, False)}
+ROWS = (("keyed", "json"), ("keyed, tail held", "json"), ("top path", "json"), ("off", "json"), ("keyed", "free"))
+VARIANTS_ON = ("top path", "keyed, tail held", "keyed")  # the grammar-aware variants, each compared with "off"
+WARMUP_PROMPTS, WARMUP_TOKENS = 4, 48  # the warm-up batch per mode: the first prompts, this many tokens each
 # schema family of the held-apart prompts -> the name the tables give it
 FAMILIES = {"weather_args": "tool-call", "person": "extraction"}
 
@@ -66,7 +73,7 @@ def _plugin_stats(path: Path) -> Dict[str, Any]:
 
 def run_tree(spec: str, rounds: int, max_new_tokens: int, variant: str, stats_dir: Path,
              draft: Optional[str] = None, algorithm: str = "EAGLE3") -> Dict[str, Any]:
-    """One engine for ``spec``: a warm-up batch per mode, then ``rounds`` measured batches per mode, alternating.
+    """One engine for ``spec``: a short warm-up batch per mode, then ``rounds`` measured batches per mode, alternating.
     ``variant`` (:data:`VARIANTS`): "keyed" runs both modes, the others the "json" mode only."""
     import os
 
@@ -76,7 +83,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, variant: str, stats_di
     from sglang_eo_dev.real_model.evaluate import chat_prompt, parses_json
     from sglang_eo_dev.real_model.prompts import held_apart_requests
 
-    forced, keys = VARIANTS[variant]
+    forced, keys, tail = VARIANTS[variant]
     extra = (("speculative_draft_model_path", draft),) if draft else ()
     cfg = EngineConfig(pair="smollm2", spec=spec, overlap=True, product_plugin=True,  # type: ignore[arg-type]
                        algorithm=algorithm, extra=extra, forced_drafts=forced)  # type: ignore[arg-type]
@@ -92,13 +99,15 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, variant: str, stats_di
     stats = stats_dir / f"plugin-{algorithm}-{spec}-{variant.replace(' ', '_')}.json"
     os.environ["SGLANG_EAGLE_OVERLAP_STATS_FILE"] = str(stats)
     os.environ["SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS"] = str(keys)
+    os.environ["SGLANG_EAGLE_OVERLAP_FORCED_TAIL"] = str(int(tail))
     t0 = time.monotonic()
     engine = start_engine(cfg)
     start_s = time.monotonic() - t0
     texts: Dict[str, List[str]] = {}
     try:
-        for mode in modes:
-            engine.generate(prompt=prompts, sampling_params=params[mode])  # warm-up
+        for mode in modes:  # warm-up (the engine's first batches; the first bonus keys learned)
+            engine.generate(prompt=prompts[:WARMUP_PROMPTS], sampling_params=[
+                dict(p, max_new_tokens=WARMUP_TOKENS) for p in params[mode][:WARMUP_PROMPTS]])
         before = _plugin_stats(stats)
         for _ in range(rounds):
             for mode in modes:
@@ -123,6 +132,7 @@ def run_tree(spec: str, rounds: int, max_new_tokens: int, variant: str, stats_di
         engine.shutdown()
         os.environ.pop("SGLANG_EAGLE_OVERLAP_STATS_FILE", None)
         os.environ.pop("SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS", None)
+        os.environ.pop("SGLANG_EAGLE_OVERLAP_FORCED_TAIL", None)
     steps = after["steps"] - before["steps"]
     plugin = {k: after[k] - before[k] for k in FORCED_KEYS}
     plugin.update({k + "_ms": 1e3 * (after[k] - before[k]) / steps if steps else None
@@ -157,7 +167,8 @@ def main() -> None:
                     help="grammar-aware drafting variant(s) (default: all; keyed also runs the free prompts)")
     args = ap.parse_args()
     if args.bonus_keys is not None:
-        VARIANTS["keyed"] = (True, args.bonus_keys)
+        VARIANTS["keyed"] = (True, args.bonus_keys, True)
+        VARIANTS["keyed, tail held"] = (True, args.bonus_keys, False)
     from importlib.metadata import version
 
     import tempfile
@@ -194,13 +205,15 @@ def main() -> None:
     if args.bonus_keys is not None:
         stem += f"_keys{args.bonus_keys}"
     if args.variant:
-        stem += "_" + "_".join(v.replace(" ", "") for v in args.variant)
+        stem += "_" + "_".join(re.sub(r"[^a-z0-9]+", "", v) for v in args.variant)
     (args.out / f"{stem}.json").write_text(json.dumps({"command": cmd, "env": env, "results": results}, indent=1))
     lines = [f"# Real pair: accept length and verify steps per output token, SGLang {v}", "",
              f"Command: `{cmd}`", "", env + ". SmolLM2-135M-Instruct + its draft, held-apart "
              "prompts as one batch, each round once with its JSON schema and once free; one engine per tree and "
-             "grammar-aware drafting variant: forced drafts keyed also by the bonus token (keyed), the accepted "
-             "node's own forced text on the top path only (top path), none (off). Sums over all measured rounds. "
+             "grammar-aware drafting variant: forced drafts keyed also by the bonus token, the forced text's "
+             "unstable tail drafted too (keyed, the default), the same with the tail held back (keyed, tail held), "
+             "the accepted node's own forced text on the top path only, tail held back (top path), none (off). Sums "
+             "over all measured rounds. "
              "Forced drafts and grammar ms per step: the plugin's counters over the measured rounds of that engine "
              "(both modes).", "",
              f"| {algo} | forced drafts | mode | answers | finished | parse as JSON | output tokens | verify steps | "
@@ -210,7 +223,8 @@ def main() -> None:
     same: List[str] = []
     fam_lines = ["", "Verify steps per output token by schema family (tool-call: the get_weather arguments; "
                  "extraction: the person record; other: the rest), change against off:", "",
-                 "| tree | family | free | off | top path | keyed |", "|---|---|---|---|---|---|"]
+                 "| tree | family | free | off | " + " | ".join(VARIANTS_ON) + " |",
+                 "|---|---|---|---|" + "---|" * len(VARIANTS_ON)]
     for spec in dict.fromkeys(r["spec"] for r in results):
         by = {r["variant"]: r for r in results if r["spec"] == spec}
         for onoff, mode in ROWS:
@@ -229,7 +243,7 @@ def main() -> None:
         if "off" not in by:
             continue
         off = by["off"]["modes"]["json"]
-        for variant in ("top path", "keyed"):
+        for variant in VARIANTS_ON:
             if variant not in by:
                 continue
             on = by[variant]["modes"]["json"]
@@ -249,7 +263,7 @@ def main() -> None:
                 return f"{x:.3f}" if ref else f"{x:.3f} ({100 * (x / (base[fam][1] / base[fam][0]) - 1):+.1f} %)"
             fam_lines.append(f"| {spec} | {fam} | {cell(free, True)} | {cell(base, True)} | "
                              + " | ".join(cell(by[v]["modes"]["json"]["families"]) if v in by else "-"
-                                          for v in ("top path", "keyed")) + " |")
+                                          for v in VARIANTS_ON) + " |")
     lines += [""] + [f"- {x}" for x in same] + fam_lines
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -14,10 +14,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Type, Union
 
-__all__ = ["DEFAULT_FORCED_BONUS_KEYS", "DEFAULT_FORCED_DRAFTS", "DEFAULT_GRAMMAR_THREAD", "DEFAULT_GRAMMAR_THREAD_MIN_BATCH",
-           "DEFAULT_LOG_INTERVAL_S", "DEFAULT_MASK_TIME_LIMIT_MS", "DEFAULT_MASK_UPLOAD_STREAM",
-           "DEFAULT_MAX_LENGTH_PATTERN", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS", "MAX_LENGTH_PATTERN_BOUNDS",
-           "SWITCH_DOCS", "Settings", "SettingsError", "SwitchDoc", "default_mask_threads", "markdown_table"]
+__all__ = ["DEFAULT_FORCED_BONUS_KEYS", "DEFAULT_FORCED_DRAFTS", "DEFAULT_FORCED_TAIL", "DEFAULT_GRAMMAR_THREAD",
+           "DEFAULT_GRAMMAR_THREAD_MIN_BATCH", "DEFAULT_LOG_INTERVAL_S", "DEFAULT_MASK_TIME_LIMIT_MS",
+           "DEFAULT_MASK_UPLOAD_STREAM", "DEFAULT_MAX_LENGTH_PATTERN", "ENV", "FORCED_DRAFTS_AUTO_ALGORITHMS",
+           "MAX_LENGTH_PATTERN_BOUNDS", "SWITCH_DOCS", "Settings", "SettingsError", "SwitchDoc", "default_mask_threads",
+           "markdown_table"]
 
 ENV = {
     "enabled": "SGLANG_EAGLE_OVERLAP",
@@ -31,20 +32,22 @@ ENV = {
     "mask_upload_stream": "SGLANG_EAGLE_OVERLAP_MASK_UPLOAD_STREAM",
     "forced_drafts": "SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS",
     "forced_bonus_keys": "SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS",
+    "forced_tail": "SGLANG_EAGLE_OVERLAP_FORCED_TAIL",
     "native": "SGLANG_EAGLE_OVERLAP_NATIVE",
     "max_length_pattern": "SGLANG_EAGLE_OVERLAP_MAX_LENGTH_PATTERN",
 }
 # Grammar-forced drafts: ``None`` is "auto", on for every algorithm whose trees the plugin's verify step owns (EAGLE,
 # EAGLE3 -- NEXTN resolves to EAGLE -- and STANDALONE; NGRAM's grammar batches are SGLang's own). Measured on the real
 # pair (benchmarks/bench_real_pair.py, docs/benchmarks.md, CPU, 2026-11-29): with a chat-trained EAGLE3 draft -- the
-# kind users have -- forced drafts keyed by the bonus token need 16.5 % (topk 1) / 13.6 % (topk 4) fewer verify steps
-# per output token on JSON-schema prompts, 25.0 % / 19.3 % on tool-call arguments; with a draft trained on the
-# target's JSON answers the replaced tokens are mostly its own guess (-0.7 % / +0.4 %, top path only); with the
-# untrained STANDALONE draft -13.3 %. The host side (each filled node's forced text asked in the native walk on the
-# grammar thread, tokenized on the scheduler thread) added 0.31 / 0.37 ms of scheduler-thread time per step (bs 12).
+# kind users have -- forced drafts (keyed by the bonus token, the tail drafted) need 21.6 % (topk 1) / 16.9 % (topk 4)
+# fewer verify steps per output token on JSON-schema prompts, 29.7 % / 24.6 % on tool-call arguments; the untrained
+# STANDALONE draft 20.8 % (topk 1); with a draft trained on the target's JSON answers the replaced tokens are mostly its
+# own guess (-0.3 % / +0.4 %). The host side (each filled node's forced text asked in the native walk on the grammar
+# thread, tokenized on the scheduler thread) added 0.5-0.7 ms of scheduler-thread time per step (bs 12, a noisy run).
 FORCED_DRAFTS_AUTO_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 DEFAULT_FORCED_DRAFTS: Optional[bool] = None
 DEFAULT_FORCED_BONUS_KEYS = 3
+DEFAULT_FORCED_TAIL = True
 # The grammar thread is on unless switched off: it keeps the grammar's native work off SGLang's scheduler thread. It
 # takes only the step's one native call (the previous batch's runs fed and the tree walked, GIL-free, started before the
 # verify launch); the scheduler thread keeps the Python (the ledger's checks before the launch, the records after the
@@ -147,6 +150,10 @@ SWITCH_DOCS: Mapping[str, SwitchDoc] = {
         "often began forced text so far, e.g. a closing quote) are tried there, and the text the grammar forces "
         "after the one the target writes next becomes the next step's drafts; `0`: the node's own forced text only",
         str(DEFAULT_FORCED_BONUS_KEYS)),
+    "forced_tail": SwitchDoc(
+        "with forced drafts on: `1`: the forced text's last tokens, which could merge with what the model writes "
+        "next (a key's closing `\":\"` before a value), are drafted too, the verify keeping them where the target "
+        "writes them so; `0`: held back", _on_off(DEFAULT_FORCED_TAIL)),
     "native": SwitchDoc(
         "`1`: the batch's xgrammar calls go through the plugin's native module, built on first use with the host's "
         "C++ compiler, and a failed build is an error; `0`: Python only; unset: auto, native when it builds (a "
@@ -205,6 +212,7 @@ class Settings:
     mask_upload_stream: bool = DEFAULT_MASK_UPLOAD_STREAM
     forced_drafts: Optional[bool] = DEFAULT_FORCED_DRAFTS  # None: auto (see FORCED_DRAFTS_AUTO_ALGORITHMS)
     forced_bonus_keys: int = DEFAULT_FORCED_BONUS_KEYS
+    forced_tail: bool = DEFAULT_FORCED_TAIL
     native: Optional[bool] = None  # None: auto (native when it builds), True: required, False: Python only
     max_length_pattern: bool = DEFAULT_MAX_LENGTH_PATTERN
 
@@ -255,6 +263,7 @@ class Settings:
         keys_raw = get("forced_bonus_keys")
         bonus_keys = (DEFAULT_FORCED_BONUS_KEYS if not keys_raw
                       else _number(ENV["forced_bonus_keys"], keys_raw, int, 0))
+        forced_tail = flag("forced_tail", DEFAULT_FORCED_TAIL)
         native = optional_flag("native")
         max_length_pattern = flag("max_length_pattern", DEFAULT_MAX_LENGTH_PATTERN)
         interval_raw = get("log_interval_s")
@@ -272,6 +281,7 @@ class Settings:
             mask_upload_stream=mask_upload_stream,
             forced_drafts=forced_drafts,
             forced_bonus_keys=int(bonus_keys),
+            forced_tail=forced_tail,
             native=native,
             max_length_pattern=max_length_pattern,
         )

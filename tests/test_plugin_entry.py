@@ -245,6 +245,35 @@ def test_the_runtime_has_forced_drafts_exactly_when_switched_on():
             runtime.reset()
 
 
+def test_the_bonus_keys_and_the_tail_switch_reach_the_runtimes_forced_drafts():
+    """The bonus-key count and the tail switch are parsed, documented with their defaults (3 keys; the tail drafted),
+    and handed to the runtime's forced drafts; bad values are refused by name."""
+    from sglang_eagle_overlap import settings as settings_mod
+    from sglang_eagle_overlap.integration import runtime
+    from sglang_eagle_overlap.settings import Settings
+
+    table = settings_mod.markdown_table().splitlines()
+    d = Settings.from_env({})
+    row = next(line for line in table if "SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS" in line)
+    assert d.forced_bonus_keys == 3 and row.rstrip().endswith("| 3 |")
+    row = next(line for line in table if "SGLANG_EAGLE_OVERLAP_FORCED_TAIL" in line)
+    assert d.forced_tail is True and row.rstrip().endswith("| `1` |")
+    for env, keys, tail in (({}, 3, True),
+                            ({"SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS": "0"}, 0, True),
+                            ({"SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS": " 5 ",
+                              "SGLANG_EAGLE_OVERLAP_FORCED_TAIL": "0"}, 5, False)):
+        runtime.reset()
+        try:
+            forced = runtime.create(Settings.from_env(env)).step.forced
+            assert forced is not None and (forced.bonus_keys, forced.draft_tail) == (keys, tail), env
+        finally:
+            runtime.reset()
+    for var, bad in (("SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS", "-1"), ("SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS", "3x"),
+                     ("SGLANG_EAGLE_OVERLAP_FORCED_TAIL", "some")):
+        with pytest.raises(ValueError, match=var):
+            Settings.from_env({var: bad})
+
+
 @pytest.mark.parametrize("switch,algorithm,want", [
     (None, "STANDALONE", True), (None, "EAGLE3", True), (None, "EAGLE", True), (None, "NGRAM", False),
     (None, "", False), (True, "NGRAM", True), (False, "EAGLE3", False),

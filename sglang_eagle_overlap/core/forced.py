@@ -2,13 +2,16 @@
 
 A JSON schema decides much of the output (keys, quotes, colons, brackets). While step N's tree mask is built, every
 valid node's matcher state is at hand, so the grammar's forced continuation after each node is cheap to ask for:
-xgrammar's ``find_jump_forward_string``, tokenized the way the model writes it alone (``encode``), the last token
-held back (it could merge with what follows); llguidance's fast-forward tokens (``compute_ff_tokens``) as they are.
+xgrammar's ``find_jump_forward_string``, tokenized the way the model writes it alone (``encode``); its tail tokens
+that could merge with what follows (a key's ``'":"'``, which ``'":'`` + ``'""'`` spells when the value starts with a
+quote) are drafted too, with the merged spellings as that position's alternatives (``draft_tail``; else held back);
+llguidance's fast-forward tokens (``compute_ff_tokens``) as they are.
 Which node step N accepts is known only on the device after the verify, so the per-node table goes up with the
-mask and the device picks the accepted node's row (a gather, no host sync). Step N+1's draft tree then gets those tokens on its top path (the first-child chain from the root), in place
-of what the draft model proposed, before the target verify reads them -- except from the first position where the
-draft model's token spells a prefix of the forced text in other tokens (a draft trained on the target's outputs has
-learned how the target tokenizes the forced text; replacing its token there would cut a path the target accepts).
+mask and the device picks the accepted node's row (a gather, no host sync). Step N+1's draft tree then gets those
+tokens on its top path (the first-child chain from the root), in place of what the draft model proposed, before the
+target verify reads them -- except from the first position where the draft model's token spells a prefix of the
+forced text in other tokens, or the tail merged with what follows (a draft trained on the target's outputs has learned
+how the target tokenizes the forced text; replacing its token there would cut a path the target accepts).
 
 Where the accepted node forces nothing itself -- inside a string value -- the text forced next depends on the token
 the target writes there, step N+1's root: after a value's closing quote comes the next key. So each such node also
@@ -54,7 +57,7 @@ import itertools
 import re
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -66,8 +69,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from torch.types import Device
 
-__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "forcing_is_bounded",
-           "prefix_alternatives", "stable_tokens"]
+__all__ = ["ALTERNATIVES", "BatchEncoder", "Decoder", "Encoder", "ForcedDrafts", "ForcedTokens",
+           "forcing_is_bounded", "prefix_alternatives", "stable_tokens", "tokenize_forced"]
 
 Encoder = Callable[[str], Sequence[int]]
 BatchEncoder = Callable[[Sequence[str]], Sequence[Sequence[int]]]  # the same tokenization, many strings per call
@@ -92,19 +95,38 @@ def _encoder_many(encode: Encoder, encode_batch: Optional[BatchEncoder]) -> Batc
     return lambda texts: [encode(t) for t in texts]
 
 
-def stable_tokens(encode: Encoder, s: str, encode_batch: Optional[BatchEncoder] = None) -> Tuple[int, ...]:
-    """``encode(s)`` without its tail tokens that could merge with what follows: the longest prefix that
-    ``encode(s + p)`` keeps for every probe ``p`` (letters, digits, space, quote, brackets, comma, newline).
-    ``encode_batch`` (same tokenization, many strings per call) tokenizes ``s`` and its probes in one call."""
+class ForcedTokens(NamedTuple):
+    """A forced string as the model's tokenizer writes it alone (:func:`tokenize_forced`)."""
+
+    tokens: Tuple[int, ...]  # ``encode(s)``
+    stable: int  # how many of them ``encode(s + probe)`` keeps for every probe: the rest could merge with what follows
+    merges: Tuple[Tuple[int, ...], ...]  # per token: what the probes put at its place instead (empty before ``stable``)
+
+
+def tokenize_forced(encode: Encoder, s: str, encode_batch: Optional[BatchEncoder] = None) -> ForcedTokens:
+    """``encode(s)``, how long a prefix of it every probe ``p`` (letters, digits, space, quote, brackets, comma,
+    newline) keeps in ``encode(s + p)``, and, per token past that prefix, the tokens the probes put there instead (the
+    tail merged with what follows, e.g. ``'":"'`` written ``'":'`` then ``'""'``). ``encode_batch`` (same
+    tokenization, many strings per call) tokenizes ``s`` and its probes in one call."""
     first, *longer = _encoder_many(encode, encode_batch)([s] + [s + probe for probe in _PROBES])
     toks = tuple(int(t) for t in first)
     keep = len(toks)
+    merged: Dict[int, Dict[int, None]] = {}
     for ids in longer:
         k = 0
-        while k < keep and k < len(ids) and int(ids[k]) == toks[k]:
+        while k < len(toks) and k < len(ids) and int(ids[k]) == toks[k]:
             k += 1
-        keep = k
-    return toks[:keep]
+        keep = min(keep, k)
+        if k < len(toks) and k < len(ids):
+            merged.setdefault(k, {})[int(ids[k])] = None
+    return ForcedTokens(toks, keep, tuple(tuple(merged.get(i, ())) for i in range(len(toks))))
+
+
+def stable_tokens(encode: Encoder, s: str, encode_batch: Optional[BatchEncoder] = None) -> Tuple[int, ...]:
+    """``encode(s)`` without its tail tokens that could merge with what follows: the longest prefix that
+    ``encode(s + p)`` keeps for every probe ``p`` (:func:`tokenize_forced`)."""
+    t = tokenize_forced(encode, s, encode_batch)
+    return t.tokens[: t.stable]
 
 
 def prefix_alternatives(encode: Encoder, decode: Decoder, s: str, toks: Sequence[int],
@@ -319,8 +341,11 @@ class ForcedDrafts:
     rows on the device, and the counters. ``width`` is the table's columns (tokens kept per node). The table is
     ``[rows, 1 + bonus_keys, width, 1 + ALTERNATIVES]``: per node, slot 0 holds the node's own forced continuation
     and slots 1.. the continuations keyed by a bonus token (below); in each, at ``[..., 0]`` the tokens (the first is
-    the one the next step's root must equal), after them each position's :func:`prefix_alternatives` (-1 padded;
-    none without ``decode``).
+    the one the next step's root must equal), after them each position's alternatives: the spellings a following
+    character merged a tail token into (:func:`tokenize_forced`), then its :func:`prefix_alternatives` (-1 padded;
+    the latter none without ``decode``). ``draft_tail``: the forced text's tail that could merge with what follows is
+    drafted too (the verify keeps it where the target writes it so, and a draft model that wrote a merge keeps its
+    token); off, it is held back.
 
     Bonus keys: where a node's own continuation is empty (inside a string value, say), what the grammar forces next
     depends on the token the target writes there, the next step's root -- after a value's closing quote, the next
@@ -330,13 +355,15 @@ class ForcedDrafts:
     ``'",'`` and ``'"'`` in JSON), so the set adapts to the grammars served without naming any. ``bonus_keys=0``:
     slot 0 only."""
 
-    def __init__(self, width: int = 8, require_admission: bool = False, bonus_keys: int = BONUS_KEYS) -> None:
+    def __init__(self, width: int = 8, require_admission: bool = False, bonus_keys: int = BONUS_KEYS,
+                 draft_tail: bool = False) -> None:
         if width < 2:
             raise ValueError(f"forced-draft width must be >= 2 (the root check and one draft), got {width}")
         if bonus_keys < 0:
             raise ValueError(f"forced-draft bonus keys must be >= 0, got {bonus_keys}")
         self.width = width
         self.bonus_keys = bonus_keys
+        self.draft_tail = draft_tail  # the forced text's unstable tail is drafted too (see _tokens_of)
         self.encode: Optional[Encoder] = None
         self.decode: Optional[Decoder] = None
         # optional: ``encode`` for many strings in one call (a forced string seen first costs two calls, not ~20)
@@ -434,7 +461,8 @@ class ForcedDrafts:
         return ok
 
     def continuation(self, matcher: JumpForward) -> Tuple[int, ...]:
-        """The tokens the grammar forces after the matcher's state, last token held back, at most ``width``."""
+        """The tokens the grammar forces after the matcher's state (the tail that could merge with what follows
+        only with ``draft_tail``), at most ``width``."""
         entry = self._entry(matcher)
         return entry[0] if entry is not None else ()
 
@@ -454,20 +482,28 @@ class ForcedDrafts:
 
     def _tokens_of(self, s: str, first: bool,
                    limit: int) -> Optional[Tuple[Tuple[int, ...], npt.NDArray[np.int32]]]:
-        """The stable tokens of the forced string ``s`` (at most ``limit``) and their table rows, cached per string;
-        ``first``: ``s`` follows a bonus token (its first token gets alternatives). None if there are none."""
+        """The tokens of the forced string ``s`` (at most ``limit``; with ``draft_tail`` also the tail that could
+        merge with what follows, else the stable ones only) and their table rows, cached per string; ``first``: ``s``
+        follows a bonus token (its first token gets alternatives). A position's alternatives are the tokens the
+        probes merged there (a draft model that writes the merge keeps its token), then its prefix alternatives.
+        None if there are no tokens."""
         if not s:
             return None
         entry = self._cache.get((s, first))
         if entry is None:
             assert self.encode is not None
-            toks = stable_tokens(self.encode, s, self.encode_batch)[:limit]
+            t = tokenize_forced(self.encode, s, self.encode_batch)
+            toks = (t.tokens if self.draft_tail else t.tokens[: t.stable])[:limit]
             rows = np.full((len(toks), 1 + ALTERNATIVES), -1, dtype=np.int32)
             rows[:, 0] = toks
+            prefixes: Sequence[Tuple[int, ...]] = ()
             if self.decode is not None and toks:
-                for i, alts in enumerate(prefix_alternatives(self.encode, self.decode, s, toks,
-                                                             encode_batch=self.encode_batch, first=first)):
-                    rows[i, 1 : 1 + len(alts)] = alts
+                prefixes = prefix_alternatives(self.encode, self.decode, s, toks, encode_batch=self.encode_batch,
+                                               first=first)
+            for i, tok in enumerate(toks):
+                alts = [a for a in dict.fromkeys(t.merges[i] + (prefixes[i] if i < len(prefixes) else ()))
+                        if a != tok][:ALTERNATIVES]
+                rows[i, 1 : 1 + len(alts)] = alts
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
             entry = self._cache[(s, first)] = (toks, rows)

@@ -73,7 +73,8 @@ def create(settings: Settings, origin: str = "plugin") -> Runtime:
         config,
         telemetry=telemetry,
         # auto (None): created, then kept or dropped at the first verify, by its algorithm (drafts.before_verify)
-        forced=(ForcedDrafts(require_admission=True, bonus_keys=settings.forced_bonus_keys)
+        forced=(ForcedDrafts(require_admission=True, bonus_keys=settings.forced_bonus_keys,
+                             draft_tail=settings.forced_tail)
                 if settings.forced_drafts is not False else None),
         native=None if settings.native is False else functools.partial(load_native_for, settings.native),
     )
