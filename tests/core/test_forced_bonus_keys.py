@@ -13,7 +13,7 @@ import torch
 from sglang_eagle_overlap.core import MaskRequest
 from sglang_eagle_overlap.core.forced import ForcedDrafts
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder
-from tests.core.test_forced_drafts import (CLOSE, KEY, OPEN, Q, QA, QCOLON, A, B, TINY, _chain, tiny_decode,
+from tests.core.test_forced_drafts import (CLOSE, KE, KEY, OPEN, Q, QA, QCOLON, A, B, K, TINY, _chain, tiny_decode,
                                            tiny_encode, tiny_matcher)
 
 IN_VALUE = (OPEN, Q, KEY, QCOLON, QA)  # '{"key":"a': inside the value, nothing forced ('a', 'b' or '"' may follow)
@@ -93,26 +93,28 @@ def test_the_key_count_is_bounded_and_keeps_the_frequent_keys(monkeypatch):
 
     monkeypatch.setattr(forced_mod, "_KEYS_MAX", 4)
     f = ForcedDrafts(bonus_keys=2)
-    for t in [7, 7, 7, 7, 8, 8, 9, 10]:
+    for t in [10, 10, 10, 10, 10, 9, 9, 8, 7]:  # the frequent tokens are not the smallest ids
         f._learn_key(t)
-    assert f._key_counts == {7: 4, 8: 2, 9: 1, 10: 1}
-    f._learn_key(11)  # a fifth token: keep 7 and 8, halved
-    assert f._key_counts == {7: 2, 8: 1}
+    assert f._key_counts == {10: 5, 9: 2, 8: 1, 7: 1}
+    f._learn_key(11)  # a fifth token: keep 10 and 9, halved (rounded down)
+    assert f._key_counts == {10: 2, 9: 1} and all(type(c) is int for c in f._key_counts.values())
     f.begin(1)
-    assert f._keys == (7, 8)
+    assert f._keys == (10, 9)
 
 
 class _KeyedStandIn:
-    """A matcher stand-in forcing nothing in its state and ``'"key":"'`` after token 99 (any other is refused)."""
+    """A matcher stand-in forcing nothing in its state and ``after[t]`` after a key ``t`` (``'"key":"'`` after token
+    99 unless told; any other token is refused)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after=None) -> None:
         self.taken: list = []
+        self.after = {99: '"key":"'} if after is None else after
 
     def find_jump_forward_string(self) -> str:
-        return '"key":"' if self.taken == [99] else ""
+        return self.after[self.taken[0]] if len(self.taken) == 1 else ""
 
     def accept_token(self, t: int) -> bool:
-        if t != 99:
+        if t not in self.after:
             return False
         self.taken.append(t)
         return True
@@ -197,3 +199,64 @@ def test_build_then_next_step_end_to_end_and_the_mask_is_unchanged():
     assert (f.proposed, f.changed) == (0, 0)  # counted by the next after_verify
     f.after_verify(torch.tensor([[0, 1, -1]], dtype=torch.int32), ["r"])
     assert (f.proposed, f.changed, f.accepted) == (1, 1, 1)
+
+
+def test_each_key_gets_its_own_slot_in_key_order_and_the_node_counts_once():
+    """Three learned keys the grammar allows, two slots: the two most frequent are tried and fill slots 1 and 2, in
+    key order; a second such node counts as a second keyed node."""
+    f = _forced(bonus_keys=2)
+    f._key_counts = {40: 3, 41: 2, 42: 1}
+    f.begin(2)
+    for row in (0, 1):
+        f.record(_KeyedStandIn({40: "}", 41: "b", 42: "a"}), row)
+    assert _slots(f, 0) == [[-1] * 4, [40, CLOSE, -1, -1], [41, B, -1, -1]] and f.recorded_keyed == 2
+
+
+def test_the_text_after_a_key_gets_alternatives_from_its_first_token_on():
+    """After a key, the text's first token is a draft too (the key is the root check): its prefix alternatives are
+    kept ('k', 'ke' for 'key'), as for every later position; a node's own text gets none at position 0."""
+    f = _forced()
+    f._key_counts = {99: 1}
+    f.begin(2)
+    f.record(_KeyedStandIn({99: 'key":"'}), 0)
+    f.upload("cpu")
+    assert f._table is not None
+    row = f._table[0, 1].tolist()
+    assert [r[0] for r in row] == [99, KEY, QCOLON, -1]
+    assert row[1][1:] == [K, KE, -1, -1] and row[2][1:] == [Q, -1, -1, -1]
+
+
+def test_a_row_past_the_builds_table_is_ignored():
+    """``record`` / ``record_found`` / ``record_tokens`` of a row outside this build's table write nothing and raise
+    nothing (the table holds at least 64 rows; a row past them too)."""
+    f = _forced()
+    f._key_counts = {99: 1}
+    f.begin(2)
+    for row in (2, 64, 500):
+        f.record(_KeyedStandIn(), row)
+        f.record_found([(row, -1, "}"), (row + 1, 99, "}")], [OPEN])
+        f.record_tokens([CLOSE], row)
+    f.upload("cpu")
+    assert f._table is not None and f._table.shape[0] == 2 and (f._table == -1).all()
+    assert f.recorded_nodes == 0 and f.recorded_keyed == 0
+
+
+def test_a_bonus_key_may_be_token_zero():
+    """Token id 0 is an ordinary token in many vocabularies: found as a key by the native walk, its text goes to a
+    keyed slot (key -1 alone marks a node's own text)."""
+    f = _forced()
+    f.begin(2)
+    f.record_found([(0, 0, "}"), (1, -1, "}")], [OPEN])
+    f.upload("cpu")
+    assert f._table is not None
+    assert f._table[0, :, :, 0].tolist()[:2] == [[-1] * 4, [0, CLOSE, -1, -1]]
+    assert f._table[1, :, :, 0].tolist()[:2] == [[CLOSE, -1, -1, -1], [-1] * 4]
+
+
+def test_every_requests_root_teaches_its_key_not_only_the_first():
+    """A build of two requests of 2 nodes: the second request's root (row 2) forces text, so its root token is
+    counted as a key; an inner node (row 3) with text teaches nothing."""
+    f = _forced()
+    f.begin(4, 2, [OPEN, Q])
+    f.record_found([(2, -1, "}"), (3, -1, "}")], [OPEN, Q])
+    assert f._key_counts == {Q: 1}
