@@ -8,8 +8,9 @@ steps / 4 draft tokens; topk 4: 3 steps / 8 tokens) one engine per grammar-aware
 the other (:data:`VARIANTS`): forced drafts keyed also by the bonus token, the forced text's unstable tail drafted too
 (the default; modes "json" and "free"), the same with the tail held back (``SGLANG_EAGLE_OVERLAP_FORCED_TAIL=0``), the
 accepted node's own forced text only, tail held back (``SGLANG_EAGLE_OVERLAP_FORCED_BONUS_KEYS=0``), and forced drafts
-off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``). The warm-up is the first prompts, short, once per mode. Per tree, variant and mode it reports, summed over the requests of all
-rounds, and per schema family (tool-call arguments, extraction, the rest):
+off (``SGLANG_EAGLE_OVERLAP_FORCED_DRAFTS=0``). The warm-up is the first prompts, short, once per mode. Per tree,
+variant and mode it reports, summed over the requests of all rounds, and per schema family (tool-call arguments,
+extraction, the rest):
 
 * accept length = output tokens / verify steps (SGLang's ``spec_verify_ct``);
 * verify steps per output token (its inverse: what forced drafts must lower for "json" below "free");
