@@ -90,6 +90,7 @@ def test_batched_guidance_walk_is_sglangs_mask(grammar, shape):
         got = builder.build(rows, batch.nxt, batch.sib, batch.tok, VOCAB)
         assert not got.failed and not got.timed_out
         assert builder.guidance_walks == 1, "the llguidance rows did not take the batched walk"
+        assert got.guidance_walked is True  # what the step counts as a guidance step
         assert torch.equal(got.bitmask, want), (grammar, shape, threads)
         assert batch.states() == before, "a grammar was left in another state than it entered with"
     # the scenario reaches past the roots: some non-root node of a constrained request has a filled row
@@ -170,10 +171,23 @@ def test_time_limit_keeps_exact_roots_and_leaves_the_rest_all_allowed():
     walked = [i for i in range(4) if (want[i * n + 1 : (i + 1) * n] != -1).any()]
     assert walked, "no request had a row past its root to drop"
     assert sorted(got.timed_out) == walked  # those that had more to fill ran out of time
+    assert builder.guidance_walks == 1  # the batched walk itself timed them out: no request-by-request fallback
     for i in range(4):
         assert torch.equal(got.bitmask[i * n], want[i * n]), f"request {i}: root row not exact"
         assert bool((got.bitmask[i * n + 1 : (i + 1) * n] == -1).all()), f"request {i}: rows past the root"
     assert batch.states() == before
+
+
+def test_a_walk_within_its_time_limit_fills_every_row_and_each_build_counts():
+    """A clock that does not move: the limit is never reached, every row is SGLang's; a second build with the same
+    builder is the second batched walk."""
+    batch = Batch("nested", 4, 3, 8, bs=4, seed=4, free_every=0)
+    want = upstream_mask(batch.up, batch.nxt, batch.sib, batch.tok, VOCAB)
+    builder = _builder(1, time_limit_s=0.5, clock=lambda: 100.0)
+    for walks in (1, 2):
+        got = builder.build(batch.rows(), batch.nxt, batch.sib, batch.tok, VOCAB)
+        assert not got.timed_out and not got.failed and torch.equal(got.bitmask, want)
+        assert builder.guidance_walks == walks
 
 
 class _ErrorStateMatcher:
