@@ -500,9 +500,8 @@ class ForcedDrafts:
             if self.decode is not None and toks:
                 prefixes = prefix_alternatives(self.encode, self.decode, s, toks, encode_batch=self.encode_batch,
                                                first=first)
-            for i, tok in enumerate(toks):
-                alts = [a for a in dict.fromkeys(t.merges[i] + (prefixes[i] if i < len(prefixes) else ()))
-                        if a != tok][:ALTERNATIVES]
+            for i in range(len(toks)):  # neither list holds the position's own token
+                alts = list(dict.fromkeys(t.merges[i] + (prefixes[i] if i < len(prefixes) else ())))[:ALTERNATIVES]
                 rows[i, 1 : 1 + len(alts)] = alts
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
