@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of sglang_eagle_overlap/core/ (ledger, mask, tree copy, step, forced drafts) against the fast unit
 # tests of tests/core: it finds code no test would notice breaking. Not part of CI; tests/core/MUTANTS.md gives its
-# last result. One file: scripts/mutation.sh run "sglang_eagle_overlap.core.forced*" (mutmut's name glob).
+# last result. One file: scripts/mutation.sh run "sglang_eagle_overlap.core.forced*" (mutmut's name glob; named
+# mutants are all run again, whatever their earlier verdict).
 #
 #   scripts/mutation.sh                 # mutmut run, then the summary and the list of surviving mutants
 #   scripts/mutation.sh show NAME       # any other mutmut command (show, results, browse, run NAME...)
@@ -10,7 +11,7 @@
 # (gitignored), built once here; that venv sees the packages of the SGLang 0.5.23 CPU venv (torch, xgrammar, pytest,
 # hypothesis, SGLang) through a .pth file, so the tests run against exactly what scripts/test.sh uses and nothing is
 # installed into the SGLang venv. mutmut writes its mutated copy and results to mutants/ (gitignored); a re-run
-# reuses the results of unchanged mutants (delete mutants/ for a clean run).
+# without names reuses the results of unchanged mutants (delete mutants/ for a clean run).
 #
 # Environment: MUTATION_JOBS (parallel mutant workers, default 2), SGLANG_EO_VENV_DIR (default <repo>/.venvs).
 set -euo pipefail

@@ -195,7 +195,7 @@ def _tree_nodes(requests: Sequence[MaskRequest], nxt: torch.Tensor, sib: torch.T
     """Nodes per request of a verify tree, after checking the tree's tensors against the batch."""
     bs = len(requests)
     if bs == 0:
-        return int(nxt.shape[-1]) if nxt.dim() else 0
+        return 0  # an empty batch has no rows: nothing reads its node count (or its tensors)
     if nxt.dim() != 2 or nxt.shape[0] != bs:
         raise ValueError(f"retrieve_next_token must be [batch={bs}, nodes], got {tuple(nxt.shape)}")
     n = int(nxt.shape[1])

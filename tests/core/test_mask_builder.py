@@ -285,6 +285,8 @@ def test_shape_errors_name_the_tensors():
     with pytest.raises(ValueError, match=r"^unknown mask strategy 'fast'; expected one of auto, lockstep, native, "
                                          r"python$"):
         StrategyMaskBuilder(strategy="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^unknown mask strategy 'native'; expected auto or lockstep$"):
+        TreeMaskBuilder(strategy="native")  # type: ignore[arg-type]  # the product's builder: a dev-only strategy
 
 
 class Clock:
@@ -708,3 +710,57 @@ def test_root_check_is_the_walkers_first_step(seed):
         assert allowed == (first >= 0), (nxt, sib, tok)
         seen.add(allowed)
     assert seen == {True, False}
+
+
+def test_root_children_its_row_rejects_are_skipped_inside_the_batched_walk(caplog):
+    """The lockstep walk's shortcut at the roots (a request whose root allows none of its children gets no walker)
+    reads past a rejected first child to its siblings: the root's first child is the token one past the vocabulary
+    (the row has no bit for it: 32000 tokens fill the row's 1000 words exactly), its second a token the grammar
+    forbids, its third the document's next token, whose row is filled. The batched walk does it all -- no warning, no
+    request-by-request rebuild -- and the mask is the exact walk's."""
+    import random
+
+    doc = G.doc_tokens("regex", random.Random(3), VOCAB)
+    pos = 2
+    m = G.matcher("regex", VOCAB, list(doc[:pos]))
+    root_row = G.next_token_bitmask(m, VOCAB).view(-1)
+    forbidden = next(t for t in range(VOCAB) if not (int(root_row[t >> 5]) >> (t & 31)) & 1)
+    assert VOCAB % 32 == 0 and bitmask_width(VOCAB) == VOCAB // 32
+    nxt = torch.tensor([[1, -1, -1, -1]])
+    sib = torch.tensor([[-1, 2, 3, -1]])
+    tok = torch.tensor([[0, VOCAB, forbidden, doc[pos]]])
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = TreeMaskBuilder(strategy="lockstep", threads=1).build([MaskRequest(matcher=m)], nxt, sib, tok, VOCAB)
+    assert _warnings(caplog) == [] and not got.failed and not got.timed_out
+    assert torch.equal(got.bitmask[0], root_row)
+    assert bool((got.bitmask[1:3] == -1).all())
+    m.accept_token(doc[pos])
+    assert torch.equal(got.bitmask[3], G.next_token_bitmask(m, VOCAB).view(-1)) and got.valid_nodes == 2
+
+
+def test_a_batch_of_terminated_grammars_has_no_valid_node():
+    """Every request's grammar has terminated (its document and EOS fed): the lockstep walk fills no row, not even a
+    root, and counts no valid node."""
+    import random
+
+    ms = [G.matcher("regex", VOCAB, list(G.doc_tokens("regex", random.Random(s), VOCAB))) for s in (1, 2)]
+    assert all(m.is_terminated() for m in ms)
+    nxt = torch.tensor([[1, -1, -1]] * 2)
+    sib = torch.tensor([[-1, 2, -1]] * 2)
+    tok = torch.tensor([[0, 5, 6]] * 2)
+    got = TreeMaskBuilder(strategy="lockstep", threads=1).build(_reqs(ms), nxt, sib, tok, VOCAB)
+    assert got.valid_nodes == 0 and not got.timed_out and bool((got.bitmask == -1).all())
+
+
+def test_a_mask_batch_builds_the_mask_of_its_rows():
+    """``MaskBatch.of`` keeps every row, in order (its index lists beside them), and a build given the batch is the
+    build given the plain list -- a host grammar's row included, which the build reads through the batch."""
+    from sglang_eagle_overlap.core.mask import MaskBatch
+
+    matchers, nxt, sib, tok = _setup()
+    rows = _reqs(matchers[:2]) + [MaskRequest(grammar=BrokenGrammar(matchers[2], ok_fills=10**6), request_id="host")]
+    batch = MaskBatch.of(rows)
+    assert list(batch) == rows and (batch.native, batch.generic) == ([0, 1], [2])
+    want = TreeMaskBuilder(threads=1).build(rows, nxt, sib, tok, VOCAB).bitmask.clone()
+    got = TreeMaskBuilder(threads=1).build(batch, nxt, sib, tok, VOCAB)
+    assert not got.failed and torch.equal(got.bitmask, want)

@@ -10,6 +10,7 @@ over its time limit keeps exact roots.
 
 from __future__ import annotations
 
+import logging
 import random
 import zlib
 from types import SimpleNamespace
@@ -207,7 +208,7 @@ class _ErrorStateMatcher:
         return "injected parser error"
 
 
-def test_a_matcher_left_in_llguidances_error_state_stops_the_batched_walk():
+def test_a_matcher_left_in_llguidances_error_state_stops_the_batched_walk(caplog):
     batch = Batch("nested", 4, 3, 8, bs=4, seed=5, free_every=0)
     want = upstream_mask(batch.up, batch.nxt, batch.sib, batch.tok, VOCAB)
     rows = batch.rows()
@@ -215,8 +216,11 @@ def test_a_matcher_left_in_llguidances_error_state_stops_the_batched_walk():
     inner = batch.ours[bad].grammar
     rows[bad] = MaskRequest(None, _BrokenGrammar(inner), rows[bad].request_id, _ErrorStateMatcher(inner.ll_matcher))
     builder = _builder(1)
-    got = builder.build(rows, batch.nxt, batch.sib, batch.tok, VOCAB)
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = builder.build(rows, batch.nxt, batch.sib, batch.tok, VOCAB)
     assert builder.guidance_walks == 0, "a fill that left its matcher in error must not pass as a mask row"
+    assert ("batched llguidance tree walk failed (ValueError: llguidance matcher error: injected parser error)"
+            in caplog.records[0].getMessage())  # llguidance's own error text, as its matcher reported it
     assert [i for i, _ in got.failed] == [bad]
     n = batch.n
     for i in range(4):
@@ -273,3 +277,209 @@ def test_forced_drafts_of_llguidance_rows_are_its_fast_forward_tokens(threads):
             recorded += bool(ff)
     assert recorded > 0, "no node had a forced continuation: the table was not exercised"
     assert forced.recorded_nodes == recorded
+
+
+def _mixed(seed: int, grammar: str = "regex", strict: bool = False, xgrammar: str = ""):
+    """Rows of every walk in one batch: four llguidance rows (the batched llguidance walk), two plain xgrammar
+    matchers (the xgrammar lockstep walk) and one llguidance grammar handed without its matcher (a host grammar:
+    walked request by request), each at a point of a valid document of ``grammar`` (of ``xgrammar`` for the xgrammar
+    rows, if given) with rows past its root. Returns the rows, the tree and the index lists of the three kinds."""
+    batch = Batch(grammar, 4, 3, 8, bs=4, seed=seed, free_every=0, strict=strict)
+    rng = random.Random(seed)
+    rows = batch.rows()
+    trees: List[Tree] = []
+    for kind in ("xgrammar", "xgrammar", "host"):
+        g = xgrammar if kind == "xgrammar" and xgrammar else grammar
+        doc = G.doc_tokens(g, rng, VOCAB)
+        while strict and "\n" in hf_tokenizer(VOCAB).decode(list(doc)):  # as in Batch
+            doc = G.doc_tokens(g, rng, VOCAB)
+        pos = rng.randrange(0, len(doc) - 3)
+        prefix, truth = list(doc[:pos]), list(doc[pos:])
+        trees.append(eagle_tree(rng, 4, 3, 8, truth, VOCAB, matcher=G.matcher(g, VOCAB, prefix),
+                                extra_tokens=(EOS_ID,)))
+        if kind == "xgrammar":
+            rows.append(MaskRequest(matcher=G.matcher(g, VOCAB, prefix), request_id=f"x{len(rows)}"))
+        else:
+            rows.append(MaskRequest(grammar=G.guidance_grammar(grammar, VOCAB, prefix, strict), request_id="host"))
+    nxt, sib, tok = stack_trees(trees)
+    tree = (torch.cat([batch.nxt, nxt]), torch.cat([batch.sib, sib]), torch.cat([batch.tok, tok]))
+    return rows, tree, {"guidance": [0, 1, 2, 3], "xgrammar": [4, 5], "host": [6]}
+
+
+def test_every_walk_of_one_build_adds_its_valid_nodes_and_the_host_grammar_gets_the_time_limit():
+    """One build takes the xgrammar lockstep walk, then the batched llguidance walk, then the host grammar's walk.
+    On a clock that does not move (the limit never reached) the mask is, row for row, what each kind's own build
+    gives and the valid nodes are the sum of the three walks'. On a clock that moves a second per read (limit 0.5 s),
+    the host grammar's walk, which starts after the llguidance walk, still runs against the limit: it keeps its exact
+    root and times out."""
+    rows, (nxt, sib, tok), kinds = _mixed(21)
+    n = 8
+    want = torch.full((len(rows) * n, (VOCAB + 31) // 32), -1, dtype=torch.int32)
+    want_valid = {}
+    for kind, idx in kinds.items():
+        part = _builder(1).build([rows[i] for i in idx], nxt[idx], sib[idx], tok[idx], VOCAB)
+        assert not part.failed and not part.timed_out
+        want_valid[kind] = part.valid_nodes
+        for j, i in enumerate(idx):
+            want[i * n : (i + 1) * n] = part.bitmask[j * n : (j + 1) * n]
+    assert all(want_valid[k] > 1 for k in kinds), want_valid  # each kind walked past its roots
+
+    builder = _builder(1, time_limit_s=0.5, clock=lambda: 100.0)
+    got = builder.build(rows, nxt, sib, tok, VOCAB)
+    assert not got.failed and not got.timed_out and got.guidance_walked
+    assert torch.equal(got.bitmask, want)
+    assert got.valid_nodes == sum(want_valid.values())
+
+    ticks = iter(range(1000))
+    builder = _builder(1, time_limit_s=0.5, clock=lambda: float(next(ticks)))
+    got = builder.build(rows, nxt, sib, tok, VOCAB)
+    host = kinds["host"][0]
+    assert host in got.timed_out and not got.failed
+    assert torch.equal(got.bitmask[host * n], want[host * n])
+    assert bool((got.bitmask[host * n + 1 : (host + 1) * n] == -1).all())
+
+
+class _CpuClock:
+    """A thread CPU clock that moves only inside the fills it is handed to (by ``per_fill`` seconds a call)."""
+
+    def __init__(self, per_fill: float) -> None:
+        self.now, self.per_fill, self.fills = 50.0, per_fill, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += self.per_fill
+        self.fills += 1
+
+
+class _TimedBatchFills:
+    """xgrammar's batch matcher, each batched fill moving the CPU clock."""
+
+    def __init__(self, inner: Any, cpu: _CpuClock) -> None:
+        self.inner, self.cpu = inner, cpu
+
+    def batch_fill_next_token_bitmask(self, *args: Any) -> Any:
+        self.cpu.tick()
+        return self.inner.batch_fill_next_token_bitmask(*args)
+
+
+class _TimedLL:
+    """An llguidance matcher, each fill moving the CPU clock."""
+
+    def __init__(self, inner: Any, cpu: _CpuClock) -> None:
+        self.inner, self.cpu = inner, cpu
+
+    def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
+        self.cpu.tick()
+        self.inner.unsafe_compute_mask_ptr(ptr, size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_native_cpu_seconds_sum_the_gil_free_fills_of_both_walks_over_builds(monkeypatch):
+    """``native_cpu_s`` is the calling thread's CPU time inside the GIL-free fills -- xgrammar's batched fills and
+    llguidance's -- summed over builds. The thread's CPU clock here moves only inside those fills (a quarter second
+    each), so the sum is exact: fills x 0.25 s; the host grammar's own fills (Python, under the GIL) add nothing."""
+    import types
+    import time as time_mod
+
+    import xgrammar
+
+    from sglang_eagle_overlap.core import mask as mask_mod
+
+    cpu = _CpuClock(per_fill=0.25)
+    monkeypatch.setattr(mask_mod, "time", types.SimpleNamespace(perf_counter=time_mod.perf_counter, thread_time=cpu))
+    real = xgrammar.BatchGrammarMatcher
+    monkeypatch.setattr(xgrammar, "BatchGrammarMatcher", lambda threads: _TimedBatchFills(real(threads), cpu))
+    rows, (nxt, sib, tok), kinds = _mixed(22)
+    for i in kinds["guidance"]:
+        r = rows[i]
+        rows[i] = MaskRequest(None, r.grammar, r.request_id, _TimedLL(r.guidance, cpu))
+    builder = _builder(1)
+    for builds in (1, 2):
+        got = builder.build(rows, nxt, sib, tok, VOCAB)
+        assert got.guidance_walked and not got.failed
+        assert cpu.fills > 2 * builds  # both walks filled rows in each build
+        assert builder.native_cpu_s == pytest.approx(0.25 * cpu.fills)
+
+
+class _FailsOnSecondFill:
+    """An llguidance matcher whose first fill (its root row) works and whose second raises: the batched walk has
+    recorded the roots' forced texts by then."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.fills = inner, 0
+
+    def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
+        self.fills += 1
+        if self.fills > 1:
+            raise RuntimeError("injected llguidance fill fault")
+        self.inner.unsafe_compute_mask_ptr(ptr, size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_failed_batched_llguidance_walk_forgets_its_rows_forced_texts_and_only_theirs(caplog):
+    """Forced drafts over one batch of xgrammar rows (a regex with literal parts) and llguidance rows (strict JSON:
+    keys and punctuation forced), an xgrammar row first and one after the llguidance rows. One llguidance matcher
+    raises on its second fill, after the roots' forced texts were recorded: the batched walk stops with one warning
+    naming the error and the rows it hands back, every llguidance row's forced texts are forgotten (the
+    request-by-request walk that redoes them records none), and the xgrammar rows keep theirs, as in the same build
+    without the fault. The mask is exact either way."""
+    from sglang_eagle_overlap.core.forced import ForcedDrafts
+
+    from sglang_eo_dev.helpers.tokenizers import encode
+
+    rows, (nxt, sib, tok), kinds = _mixed(23, "nested", strict=True, xgrammar="regex")
+    order = [4, 0, 1, 2, 3, 5, 6]  # an xgrammar row before the llguidance rows, one after
+    rows = [rows[i] for i in order]
+    nxt, sib, tok = nxt[order], sib[order], tok[order]
+    guided, xgr_rows, n = [1, 2, 3, 4], [0, 5], 8
+
+    def table(forced):
+        return forced._host[: len(rows) * n, 0, :, 0]
+
+    def drafts():
+        f = ForcedDrafts(width=6)
+        f.encode = lambda text: list(encode(text, VOCAB))  # xgrammar's forced text is text (llguidance's, tokens)
+        return f
+
+    ok = drafts()
+    want = _builder(1).build(rows, nxt, sib, tok, VOCAB, forced=ok)
+    want_mask = want.bitmask.clone()
+    assert want.guidance_walked
+    # forced texts were recorded in the llguidance rows (at the roots, before the fault's fill) and in both xgrammar
+    # rows
+    assert any(bool((table(ok)[i * n] != -1).any()) for i in guided)
+    assert all(bool((table(ok)[i * n : (i + 1) * n] != -1).any()) for i in xgr_rows)
+
+    bad = 2
+    r = rows[bad]
+    rows[bad] = MaskRequest(None, r.grammar, r.request_id, _FailsOnSecondFill(r.guidance))
+    forced = drafts()
+    with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
+        got = _builder(1).build(rows, nxt, sib, tok, VOCAB, forced=forced)
+    assert not got.guidance_walked and not got.failed and torch.equal(got.bitmask, want_mask)
+    assert [m.getMessage() for m in caplog.records if m.levelno >= logging.WARNING] == [
+        "sglang-eagle-overlap: batched llguidance tree walk failed (RuntimeError: injected llguidance fill fault); "
+        "walking its 4 request(s) one by one"]
+    for i in guided:
+        assert bool((table(forced)[i * n : (i + 1) * n] == -1).all()), i
+    for i in xgr_rows:
+        assert torch.equal(torch.as_tensor(table(forced)[i * n : (i + 1) * n]),
+                           torch.as_tensor(table(ok)[i * n : (i + 1) * n])), i
+
+
+def test_a_pooled_walk_over_more_rows_than_a_row_has_words_is_sglangs_mask():
+    """llguidance's pooled fill is told the mask's row count (it bounds each row it writes): with 26 requests of 41
+    nodes the mask has 1,066 rows, more than its 1,000 words a row (the last request's rows all lie past 1,000), and
+    the pooled walk (two fill threads) still fills every row as SGLang does."""
+    batch = Batch("regex", 8, 5, 41, bs=26, seed=31, free_every=0)
+    assert len(batch.rows()) * batch.n > (VOCAB + 31) // 32
+    builder = _builder(2)
+    got = builder.build(batch.rows(), batch.nxt, batch.sib, batch.tok, VOCAB)
+    assert builder.guidance_walks == 1 and not got.failed and not got.timed_out
+    assert torch.equal(got.bitmask, upstream_mask(batch.up, batch.nxt, batch.sib, batch.tok, VOCAB))
