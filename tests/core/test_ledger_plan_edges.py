@@ -277,3 +277,21 @@ def test_a_run_booked_by_the_native_call_is_a_replay_when_asked_again_at_its_sta
     assert len(plan) == 0 and led.replays == replays + 1  # answered from the history, not queued again
     plan.feed()
     assert plan.out[0] == FeedOutcome(2, (), (), False, None) and len(fed) == 2 and led.tokens_fed == 2
+
+
+def test_a_request_first_seen_after_its_first_token_is_fresh_at_that_position():
+    """A request the ledger first sees with its first run at output position 1 (its first token was fed before the
+    ledger saw it, so its matcher stands after it): the new entry has consumed exactly that token and has no run yet,
+    so the run is fresh -- queued for the native feed and fed once, as the Python feed does -- not taken for a replay
+    of a run at that position."""
+    doc = _doc(41)
+    m_py, m_cx = G.matcher("regex", VOCAB, doc[:1]), G.matcher("regex", VOCAB, doc[:1])
+    grammar = object()
+    want = AcceptLedger().feed([Run("x", grammar, m_py, 1, doc[1:4])])
+    led = AcceptLedger(native=native())
+    plan = led.plan()
+    plan.add_rows([RowRun("x", grammar, m_cx, 1, 0)], result_runs([doc[1:4]]))
+    assert len(plan) == 1  # queued: a fresh run
+    plan.feed()
+    assert plan.out == want and plan.out[0].retained == tuple(doc[1:4]) and led.consumed("x") == 4
+    assert torch.equal(G.next_token_bitmask(m_cx, VOCAB), G.next_token_bitmask(m_py, VOCAB))
