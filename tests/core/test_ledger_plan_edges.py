@@ -19,30 +19,13 @@ from sglang_eagle_overlap.core.ledger import FeedOutcome, LedgerGapError, Result
 from sglang_eagle_overlap.core.native import FED, FEED_ERROR, NOT_FED, REJECTED, TERMINATED, TERMINATED_BEFORE
 from sglang_eo_dev.helpers import grammars as G
 from sglang_eo_dev.helpers.devices import CountingEvent, DeviceTensor, result_runs
-from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.native import WrongHandles, native
 
 VOCAB = 32000
 
 
 def _doc(seed: int) -> List[int]:
     return list(G.doc_tokens("regex", random.Random(seed), VOCAB))
-
-
-class _BadHandles:
-    """The native module, except that the matchers in ``bad`` hand it a handle of another xgrammar type (a compiled
-    grammar): C++ fails to call the matcher's methods on it, as a matcher that raises inside the call."""
-
-    def __init__(self, bad: List[Any]) -> None:
-        self._nat = native()
-        self._bad = bad
-        self._wrong = G.compiled("regex", VOCAB)._handle
-        self.matcher_type = self._nat.matcher_type
-
-    def handle(self, matcher: Any) -> Any:
-        return self._wrong if any(matcher is b for b in self._bad) else self._nat.handle(matcher)
-
-    def step_batch(self, *args: Any) -> Any:
-        return self._nat.step_batch(*args)
 
 
 def test_a_matcher_that_raises_in_the_native_feed_gets_its_message_and_a_later_run_of_it_is_not_fed():
@@ -53,7 +36,7 @@ def test_a_matcher_that_raises_in_the_native_feed_gets_its_message_and_a_later_r
     doc = _doc(1)
     bad = G.matcher("regex", VOCAB)
     good = G.matcher("regex", VOCAB)
-    led = AcceptLedger(native=_BadHandles([bad]))  # type: ignore[arg-type]
+    led = AcceptLedger(native=WrongHandles([bad], VOCAB))  # type: ignore[arg-type]
     seen: List[FeedOutcome] = []
     out = led.feed([Run("a", object(), bad, 3, doc[3:5]), Run("g", object(), good, 0, doc[:2]),
                             Run("b", object(), bad, 7, doc[7:8])], lambda g, o: seen.append(o))

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import random
 import time
 from types import SimpleNamespace
 
@@ -718,8 +719,6 @@ def test_root_children_its_row_rejects_are_skipped_inside_the_batched_walk(caplo
     (the row has no bit for it: 32000 tokens fill the row's 1000 words exactly), its second a token the grammar
     forbids, its third the document's next token, whose row is filled. The batched walk does it all -- no warning, no
     request-by-request rebuild -- and the mask is the exact walk's."""
-    import random
-
     doc = G.doc_tokens("regex", random.Random(3), VOCAB)
     pos = 2
     m = G.matcher("regex", VOCAB, list(doc[:pos]))
@@ -741,8 +740,6 @@ def test_root_children_its_row_rejects_are_skipped_inside_the_batched_walk(caplo
 def test_a_batch_of_terminated_grammars_has_no_valid_node():
     """Every request's grammar has terminated (its document and EOS fed): the lockstep walk fills no row, not even a
     root, and counts no valid node."""
-    import random
-
     ms = [G.matcher("regex", VOCAB, list(G.doc_tokens("regex", random.Random(s), VOCAB))) for s in (1, 2)]
     assert all(m.is_terminated() for m in ms)
     nxt = torch.tensor([[1, -1, -1]] * 2)

@@ -14,14 +14,15 @@ import logging
 import random
 import zlib
 from types import SimpleNamespace
-from typing import Any, List
+from typing import Any, Callable, List, Tuple
 
 import pytest
 import torch
 
-from sglang_eagle_overlap.core.mask import MaskRequest, TreeMaskBuilder
+from sglang_eagle_overlap.core.mask import MaskRequest, TreeMaskBuilder, bitmask_width
 from sglang_eagle_overlap.integration.requests import mask_request_for
 from sglang_eo_dev.helpers import grammars as G
+from sglang_eo_dev.helpers.clocks import CpuClock
 from sglang_eo_dev.helpers.tokenizers import EOS_ID, hf_tokenizer
 from sglang_eo_dev.helpers.trees import Tree, eagle_tree, stack_trees
 
@@ -29,6 +30,14 @@ from .test_mask_equivalence import upstream_mask
 
 VOCAB = 32000
 SHAPES = [(1, 3, 4), (4, 3, 8), (8, 5, 41)]
+
+
+def _doc(grammar: str, rng: random.Random, strict: bool) -> Tuple[int, ...]:
+    """A valid document of ``grammar``; with ``strict``, a one-line one (a strict grammar takes no other)."""
+    doc = G.doc_tokens(grammar, rng, VOCAB)
+    while strict and "\n" in hf_tokenizer(VOCAB).decode(list(doc)):
+        doc = G.doc_tokens(grammar, rng, VOCAB)
+    return doc
 
 
 class Batch:
@@ -43,9 +52,7 @@ class Batch:
         self.ours: List[Any] = []
         trees: List[Tree] = []
         for i in range(bs):
-            doc = G.doc_tokens(grammar, rng, VOCAB)
-            while strict and "\n" in hf_tokenizer(VOCAB).decode(list(doc)):  # a strict grammar takes the one-line documents only
-                doc = G.doc_tokens(grammar, rng, VOCAB)
+            doc = _doc(grammar, rng, strict)
             pos = max(0, len(doc) - rng.randint(1, steps + 1)) if rng.random() < 0.3 else rng.randrange(len(doc))
             prefix, truth = list(doc[:pos]), list(doc[pos:])
             if free_every and i % free_every == free_every - 1:
@@ -290,9 +297,7 @@ def _mixed(seed: int, grammar: str = "regex", strict: bool = False, xgrammar: st
     trees: List[Tree] = []
     for kind in ("xgrammar", "xgrammar", "host"):
         g = xgrammar if kind == "xgrammar" and xgrammar else grammar
-        doc = G.doc_tokens(g, rng, VOCAB)
-        while strict and "\n" in hf_tokenizer(VOCAB).decode(list(doc)):  # as in Batch
-            doc = G.doc_tokens(g, rng, VOCAB)
+        doc = _doc(g, rng, strict)
         pos = rng.randrange(0, len(doc) - 3)
         prefix, truth = list(doc[:pos]), list(doc[pos:])
         trees.append(eagle_tree(rng, 4, 3, 8, truth, VOCAB, matcher=G.matcher(g, VOCAB, prefix),
@@ -314,7 +319,7 @@ def test_every_walk_of_one_build_adds_its_valid_nodes_and_the_host_grammar_gets_
     root and times out."""
     rows, (nxt, sib, tok), kinds = _mixed(21)
     n = 8
-    want = torch.full((len(rows) * n, (VOCAB + 31) // 32), -1, dtype=torch.int32)
+    want = torch.full((len(rows) * n, bitmask_width(VOCAB)), -1, dtype=torch.int32)
     want_valid = {}
     for kind, idx in kinds.items():
         part = _builder(1).build([rows[i] for i in idx], nxt[idx], sib[idx], tok[idx], VOCAB)
@@ -339,24 +344,10 @@ def test_every_walk_of_one_build_adds_its_valid_nodes_and_the_host_grammar_gets_
     assert bool((got.bitmask[host * n + 1 : (host + 1) * n] == -1).all())
 
 
-class _CpuClock:
-    """A thread CPU clock that moves only inside the fills it is handed to (by ``per_fill`` seconds a call)."""
-
-    def __init__(self, per_fill: float) -> None:
-        self.now, self.per_fill, self.fills = 50.0, per_fill, 0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def tick(self) -> None:
-        self.now += self.per_fill
-        self.fills += 1
-
-
 class _TimedBatchFills:
     """xgrammar's batch matcher, each batched fill moving the CPU clock."""
 
-    def __init__(self, inner: Any, cpu: _CpuClock) -> None:
+    def __init__(self, inner: Any, cpu: CpuClock) -> None:
         self.inner, self.cpu = inner, cpu
 
     def batch_fill_next_token_bitmask(self, *args: Any) -> Any:
@@ -364,14 +355,14 @@ class _TimedBatchFills:
         return self.inner.batch_fill_next_token_bitmask(*args)
 
 
-class _TimedLL:
-    """An llguidance matcher, each fill moving the CPU clock."""
+class _OnFill:
+    """An llguidance matcher that calls ``before`` before each of its fills (which may raise instead)."""
 
-    def __init__(self, inner: Any, cpu: _CpuClock) -> None:
-        self.inner, self.cpu = inner, cpu
+    def __init__(self, inner: Any, before: Callable[[], None]) -> None:
+        self.inner, self.before = inner, before
 
     def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
-        self.cpu.tick()
+        self.before()
         self.inner.unsafe_compute_mask_ptr(ptr, size)
 
     def __getattr__(self, name: str) -> Any:
@@ -389,37 +380,20 @@ def test_native_cpu_seconds_sum_the_gil_free_fills_of_both_walks_over_builds(mon
 
     from sglang_eagle_overlap.core import mask as mask_mod
 
-    cpu = _CpuClock(per_fill=0.25)
+    cpu = CpuClock(per_tick=0.25)
     monkeypatch.setattr(mask_mod, "time", types.SimpleNamespace(perf_counter=time_mod.perf_counter, thread_time=cpu))
     real = xgrammar.BatchGrammarMatcher
     monkeypatch.setattr(xgrammar, "BatchGrammarMatcher", lambda threads: _TimedBatchFills(real(threads), cpu))
     rows, (nxt, sib, tok), kinds = _mixed(22)
     for i in kinds["guidance"]:
         r = rows[i]
-        rows[i] = MaskRequest(None, r.grammar, r.request_id, _TimedLL(r.guidance, cpu))
+        rows[i] = MaskRequest(None, r.grammar, r.request_id, _OnFill(r.guidance, cpu.tick))
     builder = _builder(1)
     for builds in (1, 2):
         got = builder.build(rows, nxt, sib, tok, VOCAB)
         assert got.guidance_walked and not got.failed
-        assert cpu.fills > 2 * builds  # both walks filled rows in each build
-        assert builder.native_cpu_s == pytest.approx(0.25 * cpu.fills)
-
-
-class _FailsOnSecondFill:
-    """An llguidance matcher whose first fill (its root row) works and whose second raises: the batched walk has
-    recorded the roots' forced texts by then."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.fills = inner, 0
-
-    def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
-        self.fills += 1
-        if self.fills > 1:
-            raise RuntimeError("injected llguidance fill fault")
-        self.inner.unsafe_compute_mask_ptr(ptr, size)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        assert cpu.ticks > 2 * builds  # both walks filled rows in each build
+        assert builder.native_cpu_s == pytest.approx(0.25 * cpu.ticks)
 
 
 def test_a_failed_batched_llguidance_walk_forgets_its_rows_forced_texts_and_only_theirs(caplog):
@@ -458,7 +432,14 @@ def test_a_failed_batched_llguidance_walk_forgets_its_rows_forced_texts_and_only
 
     bad = 2
     r = rows[bad]
-    rows[bad] = MaskRequest(None, r.grammar, r.request_id, _FailsOnSecondFill(r.guidance))
+    fills = []
+
+    def second_fill_raises() -> None:  # the root's fill works, the next raises: the roots' texts are recorded by then
+        fills.append(1)
+        if len(fills) > 1:
+            raise RuntimeError("injected llguidance fill fault")
+
+    rows[bad] = MaskRequest(None, r.grammar, r.request_id, _OnFill(r.guidance, second_fill_raises))
     forced = drafts()
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
         got = _builder(1).build(rows, nxt, sib, tok, VOCAB, forced=forced)
@@ -478,7 +459,7 @@ def test_a_pooled_walk_over_more_rows_than_a_row_has_words_is_sglangs_mask():
     nodes the mask has 1,066 rows, more than its 1,000 words a row (the last request's rows all lie past 1,000), and
     the pooled walk (two fill threads) still fills every row as SGLang does."""
     batch = Batch("regex", 8, 5, 41, bs=26, seed=31, free_every=0)
-    assert len(batch.rows()) * batch.n > (VOCAB + 31) // 32
+    assert len(batch.rows()) * batch.n > bitmask_width(VOCAB)
     builder = _builder(2)
     got = builder.build(batch.rows(), batch.nxt, batch.sib, batch.tok, VOCAB)
     assert builder.guidance_walks == 1 and not got.failed and not got.timed_out

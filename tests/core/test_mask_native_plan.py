@@ -31,7 +31,8 @@ from sglang_eagle_overlap.core import MaskRequest
 from sglang_eagle_overlap.core import mask as mask_mod
 from sglang_eagle_overlap.core.mask import TreeMaskBuilder
 from sglang_eo_dev.helpers import grammars as G
-from sglang_eo_dev.helpers.native import native
+from sglang_eo_dev.helpers.clocks import CpuClock
+from sglang_eo_dev.helpers.native import WrongHandles, native
 from sglang_eo_dev.helpers.tokenizers import EOS_ID
 from sglang_eo_dev.helpers.trees import eagle_tree, stack_trees
 from tests.core.test_mask_failures import BrokenGrammar
@@ -77,25 +78,14 @@ def test_a_tree_of_another_shape_than_prepared_is_refused_and_the_build_finishes
     assert torch.equal(got.bitmask, want) and not got.failed and not got.timed_out
 
 
-class _CpuClock:
-    """A thread CPU clock that moves only when the native call runs (by ``per_call`` seconds)."""
-
-    def __init__(self, start: float, per_call: float) -> None:
-        self.now, self.per_call, self.calls = start, per_call, 0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _TimedModule:
     """The native module, its ``step_batch`` advancing the CPU clock as a call that costs ``per_call`` would."""
 
-    def __init__(self, inner, clock: _CpuClock) -> None:
+    def __init__(self, inner, clock: CpuClock) -> None:
         self._inner, self._clock = inner, clock
 
     def step_batch(self, *args):
-        self._clock.now += self._clock.per_call
-        self._clock.calls += 1
+        self._clock.tick()
         return self._inner.step_batch(*args)
 
     def __getattr__(self, name):
@@ -103,7 +93,7 @@ class _TimedModule:
 
 
 def test_native_cpu_seconds_are_the_native_calls_cpu_time_summed_over_builds(monkeypatch):
-    cpu = _CpuClock(start=100.0, per_call=0.25)
+    cpu = CpuClock(per_tick=0.25, now=100.0)
     # The builder reads both clocks through the ``time`` module; the wall clock stays the real one (the native walk
     # is taken only on the real clock).
     monkeypatch.setattr(mask_mod, "time", types.SimpleNamespace(perf_counter=time.perf_counter, thread_time=cpu))
@@ -112,26 +102,8 @@ def test_native_cpu_seconds_are_the_native_calls_cpu_time_summed_over_builds(mon
     for seed in (1, 2, 3):
         ms, (nxt, sib, tok) = _batch(seed, k=3)
         builder.build([MaskRequest(matcher=m) for m in ms], nxt, sib, tok, VOCAB)
-        assert builder.native_walks == seed == cpu.calls
+        assert builder.native_walks == seed == cpu.ticks
         assert builder.native_cpu_s == pytest.approx(0.25 * seed)
-
-
-class _WrongHandles:
-    """The native module, except that the matchers in ``bad`` hand it a handle of another xgrammar type (a compiled
-    grammar): the C++ walk fails on their first matcher call, as a matcher that raises inside the call, while their
-    Python objects stay intact for the walk that follows."""
-
-    def __init__(self, bad) -> None:
-        self._nat = native()
-        # one wrong handle per matcher: the call refuses a handle given for two rows before it walks anything
-        self._wrong = {id(m): G.compiled(g, VOCAB)._handle for m, g in zip(bad, ("regex", "ebnf", "nested"))}
-
-    def handles(self, matchers):
-        got = self._nat.handles(matchers)
-        return None if got is None else [self._wrong.get(id(m), h) for m, h in zip(matchers, got)]
-
-    def __getattr__(self, name):
-        return getattr(self._nat, name)
 
 
 def test_walks_the_native_call_reports_failed_are_walked_again_in_python_within_the_time_limit(caplog):
@@ -149,7 +121,7 @@ def test_walks_the_native_call_reports_failed_are_walked_again_in_python_within_
     assert bool((want[N:2 * N] != -1).any(dim=1)[1:].any()) and bool((want[3 * N:4 * N] != -1).any(dim=1)[1:].any())
     before = [G.next_token_bitmask(m, VOCAB) for m in ms]
 
-    builder = TreeMaskBuilder(threads=1, native=_WrongHandles([ms[1], ms[3]]), time_limit_s=60.0)
+    builder = TreeMaskBuilder(threads=1, native=WrongHandles([ms[1], ms[3]], VOCAB), time_limit_s=60.0)
     with caplog.at_level(logging.WARNING, logger="sglang_eagle_overlap.core.mask"):
         got = builder.build(reqs, nxt, sib, tok, VOCAB)
     assert builder.native_walks == 1  # the native call ran (and reported the two walks failed)

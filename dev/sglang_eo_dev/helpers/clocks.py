@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["FakeTime"]
+__all__ = ["CpuClock", "FakeTime"]
 
 
 class FakeTime:
@@ -23,3 +23,18 @@ class FakeTime:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
+
+
+class CpuClock:
+    """A thread CPU clock (``time.thread_time``'s stand-in) that moves only when the test's stand-ins call
+    :meth:`tick`: by ``per_tick`` seconds, counted in ``ticks``. Sums of it are exact, not timings."""
+
+    def __init__(self, per_tick: float, now: float = 50.0) -> None:
+        self.now, self.per_tick, self.ticks = now, per_tick, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += self.per_tick
+        self.ticks += 1

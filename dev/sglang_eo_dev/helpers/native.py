@@ -8,7 +8,7 @@ from typing import Any, List, Sequence
 
 from sglang_eagle_overlap.core.native import NativeGrammar, StepResult, load_native
 
-__all__ = ["feed_runs", "native"]
+__all__ = ["WrongHandles", "feed_runs", "native"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,3 +27,25 @@ def feed_runs(nat: NativeGrammar, handles: Sequence[Any], runs: Sequence[Sequenc
         packed += (1 if lv else 0, -1, len(run))
         packed.extend(run)
     return nat.step_batch(handles, packed, (), (), (), None, None, None, None, 0, None)
+
+
+class WrongHandles:
+    """The native module, except that each matcher of ``bad`` hands it the handle of another xgrammar type (a compiled
+    grammar, one per matcher: the call refuses a handle given for two rows): C++ fails on its first call of that
+    matcher, as a matcher that raises inside the native call, while the Python object stays intact."""
+
+    def __init__(self, bad: Sequence[Any], vocab_size: int) -> None:
+        from sglang_eo_dev.helpers import grammars as G
+
+        self._nat = native()
+        self._wrong = {id(m): G.compiled(g, vocab_size)._handle for m, g in zip(bad, ("regex", "ebnf", "nested"))}
+
+    def handle(self, matcher: Any) -> Any:
+        return self._wrong.get(id(matcher)) or self._nat.handle(matcher)
+
+    def handles(self, matchers: Sequence[Any]) -> Any:
+        got = self._nat.handles(matchers)
+        return None if got is None else [self._wrong.get(id(m), h) for m, h in zip(matchers, got)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nat, name)
