@@ -100,7 +100,7 @@ def band_loop(bs: int, steps: int, grammar_thread: bool, launch: Callable[[], No
                             sampling_info=SimpleNamespace(vocab_size=VOCAB))
     step = make_step(grammar_thread=grammar_thread, grammar_thread_min_batch=1, mask_time_limit_s=None,
                      native=functools.partial(load_native_for, True))
-    rt = SimpleNamespace(step=step)
+    rt = SimpleNamespace(step=step, band=None)  # the runtime fields the band reads (its band made at first use)
     try:
         for s in range(1, steps + 1):
             if before_step is not None:
